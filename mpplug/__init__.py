@@ -1,0 +1,108 @@
+"""mpplug: multi-party computation over JAX.
+
+Write a program once with `@mp.function`, run it on the `Simulator` or on real parties.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpplug import errors
+from mpplug.core import Attrs, DType, PFunction, TensorType
+from mpplug.core.mpobject import MPObject
+from mpplug.errors import (
+    ArgumentMismatchError,
+    CommTimeoutError,
+    InvalidPFunctionError,
+    MPPlugError,
+    PartyError,
+    PartyUnavailableError,
+    TraceError,
+    UnknownKernelError,
+)
+from mpplug.frontend.jax_export import jax_export
+from mpplug.frontend.primitives import (
+    bcast,
+    constant,
+    converge,
+    gather,
+    p2p,
+    prand,
+    prank,
+    run_jax,
+    run_jax_at,
+    run_pfunc,
+    shuffle_static,
+)
+from mpplug.frontend.tracer import MPFunction, Program, compile, function
+from mpplug.kernels import KernelRuntime, invoke, kernel
+from mpplug.runtime.cluster import Cluster, ClusterValue
+
+__version__ = "0.1.0"
+
+
+def put(cluster: Cluster, party: int | str, value: Any) -> ClusterValue:
+    """Send a host value to one party of `cluster`."""
+    return cluster.put(party, value)
+
+
+def evaluate(cluster: Cluster, fn: Any, *args: Any) -> Any:
+    """Run a program on `cluster`; outputs stay at the parties as handles."""
+    return cluster.evaluate(fn, *args)
+
+
+def fetch(cluster: Cluster, obj: MPObject, party: int | str | None = None) -> Any:
+    """Bring a value back: one entry per party, or one party's value with `party=`."""
+    return cluster.fetch(obj, party)
+
+
+def __getattr__(name: str) -> Any:
+    # Import lazily so `import mpplug` stays light and layers stay one-way.
+    if name == "Simulator":
+        from simulator import Simulator
+
+        return Simulator
+    raise AttributeError(f"module 'mpplug' has no attribute {name!r}")
+
+
+__all__ = [
+    "ArgumentMismatchError",
+    "Attrs",
+    "Cluster",
+    "ClusterValue",
+    "CommTimeoutError",
+    "DType",
+    "InvalidPFunctionError",
+    "KernelRuntime",
+    "MPFunction",
+    "MPObject",
+    "MPPlugError",
+    "PFunction",
+    "PartyError",
+    "PartyUnavailableError",
+    "Program",
+    "Simulator",
+    "TensorType",
+    "TraceError",
+    "UnknownKernelError",
+    "bcast",
+    "compile",
+    "constant",
+    "converge",
+    "errors",
+    "evaluate",
+    "fetch",
+    "function",
+    "gather",
+    "invoke",
+    "jax_export",
+    "kernel",
+    "p2p",
+    "prand",
+    "prank",
+    "put",
+    "run_jax",
+    "run_jax_at",
+    "run_pfunc",
+    "shuffle_static",
+]

@@ -1,0 +1,115 @@
+"""Protobuf conversion for the core records: TensorType, Attrs and PFunction.
+
+Decoding validates everything and raises typed errors that say what is wrong and where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from google.protobuf.message import DecodeError
+
+from mpplug.core.attrs import Attrs, AttrValue
+from mpplug.core.dtypes import DType
+from mpplug.core.pfunction import PFunction
+from mpplug.core.types import TensorType
+from mpplug.errors import InvalidPFunctionError, UnsupportedDTypeError
+from mpplug.protos import values_pb2 as pb
+
+MAX_RANK = 32
+
+
+def tensor_type_to_proto(t: TensorType) -> pb.TensorType:
+    return pb.TensorType(dtype=t.dtype.proto, shape=t.shape)  # type: ignore[arg-type]
+
+
+def tensor_type_from_proto(msg: pb.TensorType, where: str) -> TensorType:
+    """Decode a TensorType; `where` names the field for error messages."""
+    try:
+        dtype = DType.from_proto(msg.dtype)
+    except UnsupportedDTypeError as exc:
+        raise UnsupportedDTypeError(f"{where}: {exc}") from None
+    if len(msg.shape) > MAX_RANK:
+        raise ValueError(f"{where}: expected rank <= {MAX_RANK}, got {len(msg.shape)}")
+    if any(d < 0 for d in msg.shape):
+        raise ValueError(f"{where}: expected non-negative dimensions, got {list(msg.shape)}")
+    return TensorType(dtype, tuple(msg.shape))
+
+
+def _attr_value_to_proto(value: AttrValue) -> pb.AttrValue:
+    if isinstance(value, bool):
+        return pb.AttrValue(b=value)
+    if isinstance(value, int):
+        return pb.AttrValue(i=value)
+    if isinstance(value, float):
+        return pb.AttrValue(f=value)
+    if isinstance(value, str):
+        return pb.AttrValue(s=value)
+    if isinstance(value, bytes):
+        return pb.AttrValue(raw=value)
+    return pb.AttrValue(list=pb.AttrList(items=[_attr_value_to_proto(v) for v in value]))
+
+
+def _attr_value_from_proto(msg: pb.AttrValue, where: str) -> AttrValue:
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        raise InvalidPFunctionError(f"{where}: attr value has no kind set")
+    if kind == "list":
+        return tuple(
+            _attr_value_from_proto(v, f"{where}[{i}]") for i, v in enumerate(msg.list.items)
+        )
+    value: AttrValue = getattr(msg, kind)
+    return value
+
+
+def attrs_to_proto(attrs: Attrs) -> list[pb.Attr]:
+    return [pb.Attr(key=k, value=_attr_value_to_proto(v)) for k, v in attrs.items()]
+
+
+def attrs_from_proto(items: Iterable[pb.Attr], where: str) -> Attrs:
+    decoded: dict[str, AttrValue] = {}
+    for item in items:
+        if item.key in decoded:
+            raise InvalidPFunctionError(f"{where}: duplicate attr key {item.key!r}")
+        decoded[item.key] = _attr_value_from_proto(item.value, f"{where}[{item.key!r}]")
+    return Attrs(decoded)
+
+
+def pfunction_to_proto(pf: PFunction) -> pb.PFunction:
+    return pb.PFunction(
+        fn_type=pf.fn_type,
+        fn_name=pf.fn_name,
+        fn_body=pf.fn_body,
+        ins_info=[tensor_type_to_proto(t) for t in pf.ins_info],
+        outs_info=[tensor_type_to_proto(t) for t in pf.outs_info],
+        attrs=attrs_to_proto(pf.attrs),
+    )
+
+
+def pfunction_from_proto(msg: pb.PFunction, where: str = "PFunction") -> PFunction:
+    try:
+        ins = tuple(
+            tensor_type_from_proto(t, f"{where}.ins_info[{i}]") for i, t in enumerate(msg.ins_info)
+        )
+        outs = tuple(
+            tensor_type_from_proto(t, f"{where}.outs_info[{i}]")
+            for i, t in enumerate(msg.outs_info)
+        )
+    except (UnsupportedDTypeError, ValueError) as exc:
+        raise InvalidPFunctionError(str(exc)) from None
+    return PFunction(
+        msg.fn_type, msg.fn_name, msg.fn_body, ins, outs, attrs_from_proto(msg.attrs, where)
+    )
+
+
+def pfunction_from_bytes(data: bytes) -> PFunction:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidPFunctionError(f"expected PFunction bytes, got {type(data).__name__}")
+    msg = pb.PFunction()
+    try:
+        msg.ParseFromString(bytes(data))
+    except DecodeError as exc:
+        raise InvalidPFunctionError(
+            f"bytes ({len(data)}) do not decode as a PFunction: {exc}"
+        ) from None
+    return pfunction_from_proto(msg)

@@ -1,0 +1,92 @@
+"""Every error mpplug raises on purpose.
+
+All derive from `MPPlugError`, and each also derives from the builtin type a caller would expect.
+"""
+
+from __future__ import annotations
+
+
+class MPPlugError(Exception):
+    """Base of every error mpplug raises on purpose."""
+
+
+class UnsupportedDTypeError(MPPlugError, TypeError):
+    """A dtype outside the supported set (object, str, structured, ...)."""
+
+
+class InvalidPFunctionError(MPPlugError, ValueError):
+    """A PFunction that is malformed or cannot run here."""
+
+
+class ArgumentMismatchError(MPPlugError, ValueError):
+    """Arguments that do not match a PFunction's `ins_info`."""
+
+
+class UnknownKernelError(MPPlugError, LookupError):
+    """No kernel serves the requested `fn_type`."""
+
+
+class DuplicateKernelError(MPPlugError, ValueError):
+    """Two sources register a kernel for the same `fn_type`."""
+
+
+class TraceError(MPPlugError, TypeError):
+    """A type or placement error found while tracing a program."""
+
+
+class InvalidProgramError(MPPlugError, ValueError):
+    """Program bytes that do not decode into a well-formed graph."""
+
+
+class WireError(MPPlugError, ValueError):
+    """A value received over a wire that fails validation."""
+
+
+class ConfigError(MPPlugError, ValueError):
+    """A cluster configuration that fails validation."""
+
+
+class ExecutionAborted(MPPlugError, RuntimeError):
+    """An execution was cancelled because another party failed."""
+
+
+class CommTimeoutError(MPPlugError, TimeoutError):
+    """A receive waited longer than the cluster's timeout."""
+
+    def __init__(self, party: int, peer: int, key: str, timeout: float) -> None:
+        super().__init__(
+            f"party {party} waited {timeout:g}s for a value from party {peer} (key {key})"
+        )
+        self.party = party
+        self.peer = peer
+        self.key = key
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.party, self.peer, self.key, self.timeout))
+
+
+class PartyError(MPPlugError, RuntimeError):
+    """An error raised on one party while it ran an op."""
+
+    def __init__(self, party: int, op: str, error_type: str, message: str) -> None:
+        super().__init__(f"party {party} failed in {op}: {error_type}: {message}")
+        self.party = party
+        self.op = op
+        self.error_type = error_type
+        self.message = message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.party, self.op, self.error_type, self.message))
+
+
+class PartyUnavailableError(MPPlugError, ConnectionError):
+    """A party could not be reached, or died during an execution."""
+
+    def __init__(self, party: str, detail: str) -> None:
+        super().__init__(f"party {party} is unavailable: {detail}")
+        self.party = party
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.party, self.detail))

@@ -1,0 +1,107 @@
+"""`jax_export`: turn a JAX function and example arguments into a `jax.exec` PFunction.
+
+Array-like leaves become runtime inputs; every other leaf is baked in as a constant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+from jax import export as jax_export_module
+from jax._src import config as jax_config_states
+from jax.tree_util import PyTreeDef
+
+from mpplug.core import PFunction, TensorType
+from mpplug.errors import InvalidPFunctionError, TraceError
+from mpplug.kernels import jax_exec
+
+
+def is_array_like(leaf: Any) -> bool:
+    """Leaves with `.shape` and `.dtype` are runtime inputs (arrays, specs, party values)."""
+    return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+
+
+@contextlib.contextmanager
+def _reproducible_locations() -> Iterator[None]:
+    """Thread-local: keep only each op's own source line, with directories stripped.
+
+    Without this the artifact embeds the caller's stack, so equal functions exported from
+    different call sites (or install paths) would get different digests.
+    """
+    with (
+        jax_config_states.include_full_tracebacks_in_locations(False),
+        jax_config_states.hlo_source_file_canonicalization_regex(r".*/"),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _x64_if(needed: bool) -> Iterator[None]:
+    if needed and not jax.config.read("jax_enable_x64"):
+        with jax.enable_x64(True):
+            yield
+    else:
+        yield
+
+
+def jax_export(
+    fn: Callable[..., Any],
+    *args: Any,
+    platforms: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> tuple[PFunction, list[Any], PyTreeDef]:
+    """Export `fn(*args, **kwargs)` once into a PFunction.
+
+    Returns `(pfunc, in_vars, out_tree)`: `in_vars` are the array-like leaves of
+    `(args, kwargs)` in flattening order (the PFunction's inputs), and `out_tree` rebuilds
+    the output pytree from the PFunction's flat outputs. 64-bit input types are kept
+    whether or not the process enabled `jax_enable_x64`; no global config is changed.
+    """
+    leaves, in_tree = jax.tree.flatten((args, kwargs))
+    dynamic = [i for i, leaf in enumerate(leaves) if is_array_like(leaf)]
+    in_vars = [leaves[i] for i in dynamic]
+    try:
+        in_types = [TensorType(v.dtype, v.shape) for v in in_vars]
+    except Exception as exc:
+        raise TraceError(f"{_name(fn)}: unsupported input: {exc}") from None
+    out_trees: list[PyTreeDef] = []
+
+    def flat_fn(*values: Any) -> tuple[Any, ...]:
+        full = list(leaves)
+        for i, value in zip(dynamic, values, strict=True):
+            full[i] = value
+        call_args, call_kwargs = jax.tree.unflatten(in_tree, full)
+        out_leaves, out_tree = jax.tree.flatten(fn(*call_args, **call_kwargs))
+        out_trees.append(out_tree)
+        return tuple(out_leaves)
+
+    flat_fn.__name__ = flat_fn.__qualname__ = _name(fn)
+    x64 = bool(jax.config.read("jax_enable_x64")) or any(t.dtype.is_64bit for t in in_types)
+    specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in in_types]
+    target = tuple(platforms) if platforms is not None else None
+    with _x64_if(x64), _reproducible_locations():
+        exported = jax_export_module.export(jax.jit(flat_fn), platforms=target)(*specs)
+        try:
+            outs_info = tuple(TensorType(a.dtype, a.shape) for a in exported.out_avals)
+        except Exception as exc:
+            raise TraceError(f"{_name(fn)}: unsupported output: {exc}") from None
+        body = bytes(exported.serialize())
+    if not out_trees:
+        raise InvalidPFunctionError(f"{_name(fn)}: export did not trace the function")
+    attrs = {
+        jax_exec.ATTR_JAX_VERSION: jax.__version__,
+        jax_exec.ATTR_CALLING_CONVENTION: exported.calling_convention_version,
+        jax_exec.ATTR_PLATFORMS: tuple(exported.platforms),
+        jax_exec.ATTR_KEPT_INPUTS: tuple(sorted(exported.module_kept_var_idx)),
+        jax_exec.ATTR_X64: x64,
+    }
+    pfunc = PFunction(jax_exec.FN_TYPE, _name(fn), body, tuple(in_types), outs_info, attrs)
+    return pfunc, in_vars, out_trees[-1]
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else name

@@ -1,0 +1,263 @@
+"""The primitives of a multi-party program: run JAX, place constants, ranks, randomness
+and move values between parties (everything is built on `shuffle_static`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from mpplug.core import PFunction
+from mpplug.core.graph import OpKind
+from mpplug.core.mpobject import MPObject
+from mpplug.core.parties import PartySet, format_parties
+from mpplug.errors import TraceError
+from mpplug.frontend.jax_export import is_array_like, jax_export
+from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
+from mpplug.kernels import builtin
+
+Party = int | str
+
+_EXPORT_CACHE_SIZE = 1024
+_export_cache: dict[Any, tuple[PFunction, Any]] = {}
+
+
+def _call(
+    builder: GraphBuilder, pfunc: PFunction, args: Sequence[TracedValue], parties: PartySet
+) -> list[TracedValue]:
+    return builder.add_op(OpKind.CALL, parties, args, pfunc.outs_info, function=pfunc)
+
+
+def _placed_jax(
+    builder: GraphBuilder,
+    where: str,
+    parties: PartySet,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    placed = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, MPObject):
+            value = builder.value(leaf, f"{where} argument leaf {i}")
+            if not parties <= value.parties:
+                raise TraceError(
+                    f"{where}: argument leaf {i} ({value.type}) is held by "
+                    f"{format_parties(value.parties)}, not by {format_parties(parties)}; "
+                    f"move it first with mp.p2p or mp.bcast"
+                )
+            placed.append(value)
+        elif is_array_like(leaf):
+            if not hasattr(leaf, "__array__"):
+                raise TraceError(f"{where}: argument leaf {i} ({leaf!r}) is a type, not a value")
+            placed.append(constant(leaf, parties=sorted(parties)))
+        else:
+            placed.append(leaf)
+    call_args, call_kwargs = jax.tree.unflatten(tree, placed)
+    pfunc, in_vars, out_tree = _export(builder, fn, placed, tree, call_args, call_kwargs)
+    outs = _call(builder, pfunc, in_vars, parties)
+    return jax.tree.unflatten(out_tree, outs)
+
+
+def _export(
+    builder: GraphBuilder,
+    fn: Callable[..., Any],
+    leaves: list[Any],
+    tree: Any,
+    args: Any,
+    kwargs: Any,
+) -> tuple[PFunction, list[TracedValue], Any]:
+    """jax_export, cached on (fn, platforms, tree, static leaves, input types)."""
+    in_vars = [leaf for leaf in leaves if isinstance(leaf, TracedValue)]
+    signature = tuple(
+        leaf.type if isinstance(leaf, MPObject) else ("static", leaf) for leaf in leaves
+    )
+    key: Any = (fn, builder.platforms, tree, signature)
+    try:
+        cached = _export_cache.get(key)
+    except TypeError:  # an unhashable static leaf: export without caching
+        key, cached = None, None
+    if cached is not None:
+        return cached[0], in_vars, cached[1]
+    pfunc, _, out_tree = jax_export(fn, *args, platforms=builder.platforms, **kwargs)
+    if key is not None:
+        if len(_export_cache) >= _EXPORT_CACHE_SIZE:
+            _export_cache.pop(next(iter(_export_cache)))
+        _export_cache[key] = (pfunc, out_tree)
+    return pfunc, in_vars, out_tree
+
+
+def run_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run JAX `fn` at the parties that hold all of its party-value arguments."""
+    builder = current_builder("run_jax")
+    holders = [v.parties for v in jax.tree.leaves((args, kwargs)) if isinstance(v, MPObject)]
+    if not holders:
+        raise TraceError(
+            f"mp.run_jax({_name(fn)}): no party-value argument tells where to run; "
+            f"use mp.run_jax_at(party, ...)"
+        )
+    parties = frozenset.intersection(*holders)
+    if not parties:
+        held = ", ".join(format_parties(h) for h in holders)
+        raise TraceError(
+            f"mp.run_jax({_name(fn)}): no party holds every argument (held by {held}); "
+            f"move values with mp.p2p or use mp.run_jax_at"
+        )
+    return _placed_jax(builder, f"mp.run_jax({_name(fn)})", parties, fn, args, kwargs)
+
+
+def run_jax_at(party: Party, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run JAX `fn` at one party; its party-value arguments must be held there."""
+    builder = current_builder("run_jax_at")
+    rank = builder.resolve_party(party, f"mp.run_jax_at({party!r}, {_name(fn)})")
+    return _placed_jax(
+        builder, f"mp.run_jax_at({rank}, {_name(fn)})", frozenset({rank}), fn, args, kwargs
+    )
+
+
+def run_pfunc(pfunc: PFunction, *args: MPObject, parties: Any = None) -> list[TracedValue]:
+    """Run any PFunction (any registered kernel) at `parties` (default: all holders)."""
+    builder = current_builder("run_pfunc")
+    values = [
+        builder.value(a, f"mp.run_pfunc({pfunc.fn_name}) argument {i}") for i, a in enumerate(args)
+    ]
+    if parties is None:
+        target = (
+            frozenset.intersection(*(v.parties for v in values)) if values else builder.all_parties
+        )
+    else:
+        target = builder.resolve_parties(parties, f"mp.run_pfunc({pfunc.fn_name})")
+    got = tuple(v.type for v in values)
+    if got != pfunc.ins_info:
+        raise TraceError(
+            f"mp.run_pfunc({pfunc.fn_name}): expected arguments "
+            f"({', '.join(map(str, pfunc.ins_info))}), got ({', '.join(map(str, got))})"
+        )
+    for i, v in enumerate(values):
+        if not target or not target <= v.parties:
+            raise TraceError(
+                f"mp.run_pfunc({pfunc.fn_name}): argument {i} is held by "
+                f"{format_parties(v.parties)}, not by {format_parties(target)}"
+            )
+    return _call(builder, pfunc, values, target)
+
+
+def constant(value: Any, parties: Any = None) -> TracedValue:
+    """A host array embedded in the program, held by `parties` (default: all)."""
+    builder = current_builder("constant")
+    target = builder.resolve_parties(parties, "mp.constant")
+    try:
+        pfunc = builtin.constant_pfunction(value)
+    except Exception as exc:
+        raise TraceError(f"mp.constant: cannot embed {type(value).__name__}: {exc}") from None
+    return _call(builder, pfunc, (), target)[0]
+
+
+def prank() -> TracedValue:
+    """Each party's own rank, an i32 scalar held by every party."""
+    builder = current_builder("prank")
+    return _call(builder, builtin.rank_pfunction(), (), builder.all_parties)[0]
+
+
+def prand(shape: Sequence[int] = (), parties: Any = None) -> TracedValue:
+    """Private uint32 words from each party's cryptographic random source."""
+    builder = current_builder("prand")
+    try:
+        pfunc = builtin.random_pfunction(tuple(int(d) for d in shape))
+    except (TypeError, ValueError) as exc:
+        raise TraceError(f"mp.prand: bad shape {shape!r}: {exc}") from None
+    return _call(builder, pfunc, (), builder.resolve_parties(parties, "mp.prand"))[0]
+
+
+def shuffle_static(x: MPObject | Sequence[MPObject], routing: Mapping[Party, Party]) -> TracedValue:
+    """Move values: destination `d` receives the value held at `routing[d]`.
+
+    `x` is one party value, or several of one type held by disjoint parties.
+    """
+    builder = current_builder("shuffle_static")
+    operands = [x] if isinstance(x, MPObject) else list(x)
+    if not operands:
+        raise TraceError("mp.shuffle_static: expected at least one party value, got none")
+    values = [builder.value(v, f"mp.shuffle_static operand {i}") for i, v in enumerate(operands)]
+    types = {v.type for v in values}
+    if len(types) != 1:
+        raise TraceError(
+            f"mp.shuffle_static: operands must share one type, got {sorted(map(str, types))}"
+        )
+    holders: dict[int, TracedValue] = {}
+    for i, v in enumerate(values):
+        overlap = v.parties & holders.keys()
+        if overlap:
+            raise TraceError(
+                f"mp.shuffle_static: operand {i} is held by {format_parties(v.parties)}, "
+                f"overlapping another operand at {format_parties(overlap)}"
+            )
+        holders.update(dict.fromkeys(v.parties, v))
+    if not routing:
+        raise TraceError("mp.shuffle_static: routing names no destination")
+    routes = []
+    for dst, src in routing.items():
+        d = builder.resolve_party(dst, "mp.shuffle_static destination")
+        s = builder.resolve_party(src, "mp.shuffle_static source")
+        if s not in holders:
+            raise TraceError(
+                f"mp.shuffle_static: route {d}<-{s}, but party {s} holds no operand "
+                f"(held by {format_parties(holders)})"
+            )
+        routes.append((d, s))
+    routes.sort()
+    dsts = [d for d, _ in routes]
+    if len(set(dsts)) != len(dsts):
+        raise TraceError(f"mp.shuffle_static: a destination appears twice in {routes}")
+    (out,) = builder.add_op(
+        OpKind.SHUFFLE, frozenset(dsts), values, (values[0].type,), routes=routes
+    )
+    return out
+
+
+def p2p(src: Party, dst: Party, x: MPObject) -> TracedValue:
+    """Send `x` from party `src` to party `dst`; the result is held by `dst`."""
+    return shuffle_static(x, {dst: src})
+
+
+def bcast(src: Party, x: MPObject, to: Sequence[Party] | None = None) -> TracedValue:
+    """Send `x` from `src` to every party in `to` (default: all)."""
+    builder = current_builder("bcast")
+    targets = builder.resolve_parties(to, "mp.bcast")
+    return shuffle_static(x, dict.fromkeys(sorted(targets), src))
+
+
+def gather(x: MPObject, dst: Party) -> list[TracedValue]:
+    """Every holder's value of `x`, delivered to `dst`: a list in rank order."""
+    return [p2p(src, dst, x) for src in sorted(x.parties)]
+
+
+def converge(*xs: MPObject) -> TracedValue:
+    """Values of one type held by disjoint parties become one value held by their union."""
+    builder = current_builder("converge")
+    if not xs:
+        raise TraceError("mp.converge: expected at least one party value, got none")
+    union = sorted(frozenset().union(*(builder.value(x, "mp.converge").parties for x in xs)))
+    return shuffle_static(list(xs), {p: p for p in union})
+
+
+def _name(fn: Any) -> str:
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return "lambda" if name == "<lambda>" else name
+
+
+__all__ = [
+    "bcast",
+    "constant",
+    "converge",
+    "gather",
+    "p2p",
+    "prand",
+    "prank",
+    "run_jax",
+    "run_jax_at",
+    "run_pfunc",
+    "shuffle_static",
+]

@@ -1,0 +1,293 @@
+"""Tracing `@function` programs into a Graph, and the `Program` that results.
+
+Primitives append ops to the innermost active `GraphBuilder`; nothing runs while tracing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property, update_wrapper
+from typing import Any
+
+import jax
+from jax.tree_util import PyTreeDef, keystr
+
+from mpplug.core import PFunction, TensorType
+from mpplug.core.graph import Graph, Op, OpKind, ValueRef
+from mpplug.core.mpobject import MPObject
+from mpplug.core.parties import PartySet, format_parties
+from mpplug.errors import InvalidProgramError, TraceError
+
+
+class TracedValue(MPObject):
+    """A party value inside a program being traced: a reference to one op output."""
+
+    __slots__ = ("builder", "ref")
+
+    def __init__(
+        self, builder: GraphBuilder, ref: ValueRef, type: TensorType, parties: PartySet
+    ) -> None:
+        super().__init__(type, parties)
+        self.builder = builder
+        self.ref = ref
+
+    def __repr__(self) -> str:
+        return f"TracedValue(%{self.ref.op}: {self.type} @ {format_parties(self.parties)})"
+
+    def __bool__(self) -> bool:
+        raise TraceError(
+            f"{self!r}: a party value has no truth value while tracing; compute the condition "
+            f"with mp.run_jax and keep branches inside JAX (jnp.where, lax.cond)"
+        )
+
+
+class GraphBuilder:
+    """Collects ops and PFunctions for one program being traced."""
+
+    def __init__(
+        self,
+        name: str,
+        world_size: int,
+        party_names: Sequence[str] | None = None,
+        platforms: Sequence[str] | None = None,
+    ) -> None:
+        if world_size < 1:
+            raise TraceError(f"expected world_size >= 1, got {world_size}")
+        self.name = name
+        self.world_size = world_size
+        self.party_names = list(party_names) if party_names is not None else None
+        self.platforms = tuple(platforms) if platforms is not None else None
+        self.functions: list[PFunction] = []
+        self._function_index: dict[PFunction, int] = {}
+        self.ops: list[Op] = []
+
+    @property
+    def all_parties(self) -> PartySet:
+        return frozenset(range(self.world_size))
+
+    def resolve_party(self, party: int | str, where: str) -> int:
+        """A rank, given a rank or (where the cluster is known) a party name."""
+        if isinstance(party, str):
+            if self.party_names is None or party not in self.party_names:
+                known = self.party_names or "none (pass a rank)"
+                raise TraceError(f"{where}: unknown party name {party!r}; known: {known}")
+            return self.party_names.index(party)
+        if isinstance(party, bool) or not isinstance(party, int):
+            raise TraceError(f"{where}: expected a party rank or name, got {party!r}")
+        if not 0 <= party < self.world_size:
+            raise TraceError(
+                f"{where}: party {party} outside 0..{self.world_size - 1} "
+                f"(world_size={self.world_size})"
+            )
+        return party
+
+    def resolve_parties(
+        self, parties: Iterable[int | str] | int | str | None, where: str
+    ) -> PartySet:
+        if parties is None:
+            return self.all_parties
+        if isinstance(parties, int | str):
+            parties = [parties]
+        resolved = frozenset(self.resolve_party(p, where) for p in parties)
+        if not resolved:
+            raise TraceError(f"{where}: expected at least one party, got none")
+        return resolved
+
+    def value(self, x: Any, where: str) -> TracedValue:
+        """Check that `x` is a party value of this program."""
+        if isinstance(x, TracedValue) and x.builder is self:
+            return x
+        if isinstance(x, TracedValue):
+            raise TraceError(f"{where}: {x!r} belongs to another program being traced")
+        raise TraceError(f"{where}: expected a party value of this program, got {type(x).__name__}")
+
+    def add_op(
+        self,
+        kind: OpKind,
+        parties: PartySet,
+        inputs: Sequence[TracedValue],
+        outs: Sequence[TensorType],
+        *,
+        function: PFunction | None = None,
+        routes: Sequence[tuple[int, int]] = (),
+        input_index: int = 0,
+    ) -> list[TracedValue]:
+        op_id = len(self.ops)
+        fn_index = 0
+        if function is not None:
+            fn_index = self._function_index.setdefault(function, len(self.functions))
+            if fn_index == len(self.functions):
+                self.functions.append(function)
+        self.ops.append(
+            Op(
+                op_id,
+                kind,
+                parties,
+                tuple(v.ref for v in inputs),
+                tuple(outs),
+                function=fn_index,
+                routes=tuple(routes),
+                input_index=input_index,
+            )
+        )
+        return [TracedValue(self, ValueRef(op_id, i), t, parties) for i, t in enumerate(outs)]
+
+    def build(self, outputs: Sequence[TracedValue]) -> Graph:
+        try:
+            return Graph(
+                self.name,
+                self.world_size,
+                tuple(self.functions),
+                tuple(self.ops),
+                tuple(v.ref for v in outputs),
+            )
+        except InvalidProgramError as exc:
+            raise TraceError(f"traced program is malformed: {exc}") from None
+
+
+_state = threading.local()
+
+
+def _stack() -> list[GraphBuilder]:
+    stack: list[GraphBuilder] | None = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    return stack
+
+
+def current_builder(primitive: str) -> GraphBuilder:
+    """The innermost program being traced; a TraceError outside of one."""
+    stack = _stack()
+    if not stack:
+        raise TraceError(
+            f"mp.{primitive} can only be used inside an @mp.function that is being traced "
+            f"(by mp.compile or mp.evaluate)"
+        )
+    return stack[-1]
+
+
+class MPFunction:
+    """A Python function marked as a multi-party program (see `function`)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        current_builder(f"function {self.fn.__name__!r}")
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<mp.function {self.fn.__qualname__}>"
+
+
+def function(fn: Callable[..., Any]) -> MPFunction:
+    """Mark `fn` as a multi-party program; called inside another program it is inlined."""
+    return fn if isinstance(fn, MPFunction) else MPFunction(fn)
+
+
+@dataclass(frozen=True)
+class Program:
+    """A traced program: its Graph plus, when traced here, how to rebuild the outputs.
+
+    `from_bytes` gives a Program whose outputs come back as a flat list.
+    """
+
+    graph: Graph
+    out_tree: PyTreeDef | None = None
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Program:
+        return cls(Graph.from_bytes(data))
+
+    def to_bytes(self) -> bytes:
+        return self.graph.to_bytes()
+
+    @property
+    def digest(self) -> str:
+        return self.graph.digest
+
+    @property
+    def world_size(self) -> int:
+        return self.graph.world_size
+
+    def ir(self) -> str:
+        return self.graph.ir()
+
+    @cached_property
+    def input_types(self) -> list[tuple[TensorType, PartySet]]:
+        return [(op.outs[0], op.parties) for op in self.graph.input_ops]
+
+    @cached_property
+    def output_types(self) -> list[tuple[TensorType, PartySet]]:
+        return [(self.graph.value_type(r), self.graph.holders(r)) for r in self.graph.outputs]
+
+    def unflatten(self, values: Sequence[Any]) -> Any:
+        if self.out_tree is None:
+            return list(values)
+        return jax.tree.unflatten(self.out_tree, values)
+
+    def __str__(self) -> str:
+        return self.ir()
+
+
+def trace(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    world_size: int,
+    party_names: Sequence[str] | None = None,
+    platforms: Sequence[str] | None = None,
+) -> tuple[Program, list[MPObject]]:
+    """Trace `fn(*args)`: MPObject leaves of `args` become program inputs, other leaves
+    are passed through as static Python values. Returns the Program and the MPObject
+    arguments in input order."""
+    raw = fn.fn if isinstance(fn, MPFunction) else fn
+    name = getattr(raw, "__name__", "program")
+    builder = GraphBuilder(name, world_size, party_names, platforms)
+    leaves, in_tree = jax.tree.flatten(tuple(args))
+    inputs: list[MPObject] = []
+    traced_leaves: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, MPObject):
+            where = f"{name} argument {len(inputs)}"
+            parties = builder.resolve_parties(sorted(leaf.parties), where)
+            (value,) = builder.add_op(
+                OpKind.INPUT, parties, (), (leaf.type,), input_index=len(inputs)
+            )
+            inputs.append(leaf)
+            traced_leaves.append(value)
+        else:
+            traced_leaves.append(leaf)
+    stack = _stack()
+    stack.append(builder)
+    try:
+        result = raw(*jax.tree.unflatten(in_tree, traced_leaves))
+    finally:
+        stack.pop()
+    paths_leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
+    outputs = []
+    for path, leaf in paths_leaves:
+        if not isinstance(leaf, MPObject):
+            raise TraceError(
+                f"{name} returned {type(leaf).__name__} at output{keystr(path)}; a program "
+                f"returns party values (use mp.constant to place a host value)"
+            )
+        outputs.append(builder.value(leaf, f"{name} output{keystr(path)}"))
+    return Program(builder.build(outputs), out_tree), inputs
+
+
+def compile(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int,
+    party_names: Sequence[str] | None = None,
+    platforms: Sequence[str] | None = None,
+) -> Program:
+    """Trace `fn` with placeholder arguments (`MPObject(type, parties)`) into a Program."""
+    program, _ = trace(
+        fn, args, world_size=world_size, party_names=party_names, platforms=platforms
+    )
+    return program

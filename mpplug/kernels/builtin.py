@@ -1,0 +1,80 @@
+"""Builtin kernels (constant, rank, random, identity) and the PFunctions that call them.
+
+They are registered through entry points exactly like any third-party kernel.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mpplug.core import DType, PFunction, TensorType
+from mpplug.errors import InvalidPFunctionError
+from mpplug.kernels.runtime import KernelRuntime
+
+CONSTANT = "mpplug.constant"
+RANK = "mpplug.rank"
+RANDOM = "mpplug.random"
+IDENTITY = "mpplug.identity"
+
+RANK_TYPE = TensorType(DType.INT32, ())
+
+
+def constant_pfunction(value: Any) -> PFunction:
+    """A PFunction whose body is the raw little-endian bytes of `value`."""
+    ttype = TensorType.of(value)
+    array = np.asarray(value, dtype=ttype.dtype.numpy, order="C")
+    return PFunction(CONSTANT, "constant", array.tobytes(), (), (ttype,))
+
+
+def rank_pfunction() -> PFunction:
+    return PFunction(RANK, "rank", b"", (), (RANK_TYPE,))
+
+
+def random_pfunction(shape: Sequence[int]) -> PFunction:
+    return PFunction(RANDOM, "random", b"", (), (TensorType(DType.UINT32, tuple(shape)),))
+
+
+def identity_pfunction(types: Sequence[TensorType]) -> PFunction:
+    return PFunction(IDENTITY, "identity", b"", tuple(types), tuple(types))
+
+
+def _single_output(pfunc: PFunction) -> TensorType:
+    if len(pfunc.outs_info) != 1:
+        raise InvalidPFunctionError(
+            f"{pfunc.fn_type}: expected exactly one output type, got {len(pfunc.outs_info)}"
+        )
+    return pfunc.outs_info[0]
+
+
+def run_constant(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    ttype = _single_output(pfunc)
+    if len(pfunc.fn_body) != ttype.nbytes:
+        raise InvalidPFunctionError(
+            f"{CONSTANT}: {ttype} needs {ttype.nbytes} body bytes, got {len(pfunc.fn_body)}"
+        )
+    return [np.frombuffer(pfunc.fn_body, dtype=ttype.dtype.numpy).reshape(ttype.shape)]
+
+
+def run_rank(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    if _single_output(pfunc) != RANK_TYPE:
+        raise InvalidPFunctionError(
+            f"{RANK}: expected output {RANK_TYPE}, got {pfunc.outs_info[0]}"
+        )
+    return [np.asarray(runtime.rank, dtype=np.int32)]
+
+
+def run_random(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    """Uniform uint32 words from the operating system's cryptographic source."""
+    ttype = _single_output(pfunc)
+    if ttype.dtype != DType.UINT32:
+        raise InvalidPFunctionError(f"{RANDOM}: expected a u32 output, got {ttype}")
+    data = secrets.token_bytes(ttype.nbytes)
+    return [np.frombuffer(data, dtype="<u4").reshape(ttype.shape)]
+
+
+def run_identity(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    return list(args)

@@ -1,0 +1,162 @@
+"""The `jax.exec` kernel: runs a PFunction whose body is a serialized `jax.export` artifact.
+
+Each runtime deserializes and jit-compiles a body once per digest (a bounded cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax import export as jax_export
+
+from mpplug.core import PFunction, TensorType
+from mpplug.errors import InvalidPFunctionError
+from mpplug.kernels.devices import default_export_platform, export_platform
+from mpplug.kernels.runtime import KernelRuntime
+
+FN_TYPE = "jax.exec"
+CACHE_NAMESPACE = "jax.exec"
+
+ATTR_JAX_VERSION = "jax.version"
+ATTR_CALLING_CONVENTION = "jax.calling_convention_version"
+ATTR_PLATFORMS = "jax.platforms"
+ATTR_KEPT_INPUTS = "jax.kept_inputs"
+ATTR_X64 = "jax.x64"
+
+_flatbuf: Any
+try:  # a cheap structural check of the flatbuffer before jax walks it
+    from jax._src.export import serialization_generated as _flatbuf
+except ImportError:  # pragma: no cover - layout of a future JAX
+    _flatbuf = None
+
+
+@dataclass(frozen=True)
+class CompiledExport:
+    """A deserialized artifact ready to call on one runtime's device."""
+
+    call: Callable[..., Any]
+    exported: jax_export.Exported
+    x64: bool
+    n_outs: int
+
+
+def supported_calling_conventions() -> range:
+    return range(
+        jax_export.minimum_supported_calling_convention_version,
+        jax_export.maximum_supported_calling_convention_version + 1,
+    )
+
+
+def _where(pfunc: PFunction) -> str:
+    return f"PFunction {pfunc.fn_name!r} ({pfunc.digest[:12]})"
+
+
+def _check_version(pfunc: PFunction, version: int, what: str) -> None:
+    supported = supported_calling_conventions()
+    if version not in supported:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: {what} calling convention version {version}, but JAX "
+            f"{jax.__version__} runs versions {supported.start}..{supported.stop - 1}; "
+            f"re-export it with a compatible JAX"
+        )
+
+
+def _precheck_flatbuffer(pfunc: PFunction, body: bytearray) -> None:
+    if _flatbuf is None:
+        return
+    try:
+        root = _flatbuf.Exported.GetRootAsExported(body, 0)
+        lengths = {name: getattr(root, name)() for name in dir(root) if name.endswith("Length")}
+        version = root.SerializationVersion()
+    except Exception as exc:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: fn_body ({len(body)} bytes) is not a jax.export artifact "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    too_long = {k: v for k, v in lengths.items() if not 0 <= v <= len(body)}
+    if too_long:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: fn_body ({len(body)} bytes) is not a jax.export artifact "
+            f"(vector lengths {too_long} exceed the buffer)"
+        )
+    from jax._src.export.serialization import _SERIALIZATION_VERSION as readable
+
+    if not 1 <= version <= readable:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: serialization version {version}, but JAX {jax.__version__} "
+            f"reads versions 1..{readable}"
+        )
+
+
+def _check_types(pfunc: PFunction, exported: jax_export.Exported) -> None:
+    for where, declared, avals in (
+        ("ins_info", pfunc.ins_info, exported.in_avals),
+        ("outs_info", pfunc.outs_info, exported.out_avals),
+    ):
+        try:
+            actual = tuple(TensorType(a.dtype, a.shape) for a in avals)
+        except Exception as exc:  # symbolic shapes, unsupported dtypes
+            raise InvalidPFunctionError(f"{_where(pfunc)}: unsupported {where}: {exc}") from None
+        if actual != declared:
+            raise InvalidPFunctionError(
+                f"{_where(pfunc)}: {where} declares ({', '.join(map(str, declared))}) but the "
+                f"artifact has ({', '.join(map(str, actual))})"
+            )
+
+
+def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
+    """Validate and deserialize a `jax.exec` PFunction for this runtime's platform."""
+    if pfunc.fn_type != FN_TYPE:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: expected fn_type {FN_TYPE!r}, got {pfunc.fn_type!r}"
+        )
+    if not pfunc.fn_body:
+        raise InvalidPFunctionError(f"{_where(pfunc)}: fn_body is empty")
+    declared = pfunc.attrs.get(ATTR_CALLING_CONVENTION)
+    if isinstance(declared, int):
+        _check_version(pfunc, declared, "declares")
+    body = bytearray(pfunc.fn_body)
+    _precheck_flatbuffer(pfunc, body)
+    try:
+        exported = jax_export.deserialize(body)
+    except Exception as exc:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: fn_body ({len(body)} bytes) does not deserialize as a "
+            f"jax.export artifact ({type(exc).__name__}: {exc})"
+        ) from None
+    _check_version(pfunc, exported.calling_convention_version, "has")
+    device = runtime.resolved_device()
+    platform = export_platform(device) if device is not None else default_export_platform()
+    if platform not in exported.platforms:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: exported for platforms {list(exported.platforms)}, but this "
+            f"party runs on {platform!r}; export with platforms=(..., {platform!r})"
+        )
+    _check_types(pfunc, exported)
+    x64 = bool(pfunc.attrs.get(ATTR_X64, False)) or any(
+        t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
+    )
+    return CompiledExport(jax.jit(exported.call), exported, x64, len(pfunc.outs_info))
+
+
+def _call(compiled: CompiledExport, args: Sequence[Any], device: Any) -> tuple[Any, ...]:
+    if device is not None:
+        args = jax.device_put(list(args), device)
+    out = compiled.call(*args)
+    if isinstance(out, tuple) and len(out) == compiled.n_outs:
+        return out
+    return tuple(jax.tree.leaves(out))
+
+
+def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> tuple[Any, ...]:
+    """The kernel: outputs stay on the runtime's device as JAX arrays."""
+    cache = runtime.cache(CACHE_NAMESPACE)
+    compiled: CompiledExport = cache.get_or_create(pfunc.digest, lambda: load(pfunc, runtime))
+    device = runtime.resolved_device()
+    if compiled.x64:
+        with jax.enable_x64(True):
+            return _call(compiled, args, device)
+    return _call(compiled, args, device)

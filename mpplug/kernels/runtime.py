@@ -1,0 +1,114 @@
+"""`KernelRuntime`: the per-party state kernels run against.
+
+Holds the party's rank, world size, bound device and bounded caches kernels keep across calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+DEFAULT_CACHE_SIZE = 256
+
+
+class LRUCache(Generic[K, V]):
+    """A thread-safe, size-bounded least-recently-used cache."""
+
+    def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE) -> None:
+        if maxsize < 1:
+            raise ValueError(f"expected maxsize >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_create(self, key: K, create: Callable[[], V]) -> V:
+        """The cached value for `key`, creating it outside the lock when missing."""
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+        value = create()
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+        return value
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data)
+
+
+class KernelRuntime:
+    """One party's kernel-facing state: rank, world size, device and caches.
+
+    `device` is None (the default device), a spec such as "cpu:1" or "cuda:0", or a JAX
+    device; kernels resolve it with `resolved_device()`.
+    """
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        device: Any = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"expected 0 <= rank < world_size, got rank {rank} of {world_size}")
+        self.rank = rank
+        self.world_size = world_size
+        self.device_spec = device
+        self._cache_size = cache_size
+        self._caches: dict[str, LRUCache[Any, Any]] = {}
+        self._device: Any = None
+        self._lock = threading.Lock()
+
+    def cache(self, namespace: str) -> LRUCache[Any, Any]:
+        """The bounded cache a kernel keeps under `namespace` (one per kernel type)."""
+        found = self._caches.get(namespace)
+        if found is None:
+            with self._lock:
+                found = self._caches.setdefault(namespace, LRUCache(self._cache_size))
+        return found
+
+    def resolved_device(self) -> Any:
+        """The bound JAX device (resolving the spec once), or None for JAX's default."""
+        if self._device is None and self.device_spec is not None:
+            from mpplug.kernels.devices import resolve_device
+
+            self._device = resolve_device(self.device_spec)
+        return self._device
+
+    def __repr__(self) -> str:
+        return (
+            f"KernelRuntime(rank={self.rank}, world_size={self.world_size}, "
+            f"device={self.device_spec!r})"
+        )
+
+
+_DEFAULT: KernelRuntime | None = None
+
+
+def default_runtime() -> KernelRuntime:
+    """The process's default single-party runtime (rank 0 of 1, default device)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = KernelRuntime()
+    return _DEFAULT

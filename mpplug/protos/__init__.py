@@ -1,0 +1,1 @@
+"""Protocol buffer definitions and their generated Python modules (do not edit *_pb2*)."""

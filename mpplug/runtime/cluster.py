@@ -1,0 +1,239 @@
+"""`Cluster`: the one interface the simulator and the gRPC driver both implement.
+
+It traces and caches programs, names values that stay at the parties, and fetches on request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from mpplug.core import TensorType
+from mpplug.core.mpobject import MPObject
+from mpplug.core.parties import PartySet, format_parties
+from mpplug.errors import MPPlugError, TraceError
+from mpplug.frontend.tracer import MPFunction, Program, trace
+from mpplug.runtime.codec import as_host_array
+
+_cluster_ids = itertools.count()
+
+
+class ClusterValue(MPObject):
+    """A value held at parties of one cluster, named `name` there; the caller's handle."""
+
+    __slots__ = ("__weakref__", "cluster", "name")
+
+    def __init__(self, cluster: Cluster, name: str, type: TensorType, parties: PartySet) -> None:
+        super().__init__(type, parties)
+        self.cluster = cluster
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"ClusterValue({self.name}: {self.type} @ {format_parties(self.parties)})"
+
+
+class Cluster(ABC):
+    """N parties that run programs; values stay at the parties until fetched.
+
+    Subclasses move bytes (`_put`, `_run`, `_fetch`, `_release`, `_close`); this class does
+    tracing, program caching, argument checks and handle bookkeeping.
+    """
+
+    def __init__(
+        self, party_names: Sequence[str], timeout: float, platforms: Sequence[str] | None = None
+    ) -> None:
+        self._party_names = list(party_names)
+        self.timeout = timeout
+        self.platforms = tuple(platforms) if platforms is not None else None
+        self._id = next(_cluster_ids)
+        self._names = itertools.count()
+        self._programs: dict[Any, tuple[Program, list[int]]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- the public interface -------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self._party_names)
+
+    @property
+    def parties(self) -> list[str]:
+        return list(self._party_names)
+
+    def rank_of(self, party: int | str) -> int:
+        if isinstance(party, str):
+            if party not in self._party_names:
+                raise ValueError(f"unknown party {party!r}; parties: {self._party_names}")
+            return self._party_names.index(party)
+        if (
+            isinstance(party, bool)
+            or not isinstance(party, int)
+            or not (0 <= party < self.world_size)
+        ):
+            raise ValueError(
+                f"expected a rank in 0..{self.world_size - 1} or a party name, got {party!r}"
+            )
+        return party
+
+    def put(self, party: int | str, value: Any) -> ClusterValue:
+        """Send a host value to one party; returns its handle."""
+        self._check_open()
+        rank = self.rank_of(party)
+        array = as_host_array(value)
+        name = self._new_name()
+        self._put(rank, name, array)
+        return self._handle(name, TensorType(array.dtype, array.shape), frozenset({rank}))
+
+    def compile(self, fn: Callable[..., Any] | Program, *args: Any) -> Program:
+        """Trace `fn` for this cluster (cached by function and argument signature)."""
+        if isinstance(fn, Program):
+            return fn
+        return self._traced(fn, args)[0]
+
+    def evaluate(self, fn: Callable[..., Any] | Program, *args: Any) -> Any:
+        """Run a program; returns its outputs as handles (a pytree of ClusterValue)."""
+        self._check_open()
+        if isinstance(fn, Program):
+            program = fn
+            inputs = list(args)
+            if program.world_size != self.world_size:
+                raise TraceError(
+                    f"program is for {program.world_size} parties, this cluster "
+                    f"has {self.world_size}"
+                )
+            self._check_inputs(program, inputs)
+        else:
+            program, inputs = self._traced(fn, args)
+        handles = [self._own(x, f"argument {i}") for i, x in enumerate(inputs)]
+        out_names = [self._new_name() for _ in program.output_types]
+        self._run(program, [h.name for h in handles], out_names)
+        outs = [
+            self._handle(name, t, p)
+            for name, (t, p) in zip(out_names, program.output_types, strict=True)
+        ]
+        return program.unflatten(outs)
+
+    def fetch(self, obj: MPObject, party: int | str | None = None) -> Any:
+        """Values of `obj`: a list with one entry per party (None where not held), or
+        with `party=`, that party's value as a numpy array."""
+        self._check_open()
+        handle = self._own(obj, "fetch")
+        if party is not None:
+            rank = self.rank_of(party)
+            if rank not in handle.parties:
+                raise ValueError(f"party {rank} does not hold {handle!r}")
+            return self._fetch(rank, handle.name)
+        return [
+            self._fetch(r, handle.name) if r in handle.parties else None
+            for r in range(self.world_size)
+        ]
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what subclasses provide ----------------------------------------------------------
+    @abstractmethod
+    def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None: ...
+
+    @abstractmethod
+    def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None: ...
+
+    @abstractmethod
+    def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]: ...
+
+    @abstractmethod
+    def _release(self, names: list[str], ranks: PartySet) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MPPlugError(f"{type(self).__name__} is closed")
+
+    def _new_name(self) -> str:
+        return f"v{self._id}.{next(self._names)}"
+
+    def _handle(self, name: str, ttype: TensorType, parties: PartySet) -> ClusterValue:
+        handle = ClusterValue(self, name, ttype, parties)
+        weakref.finalize(handle, _release_quietly, weakref.ref(self), name, parties)
+        return handle
+
+    def _own(self, x: Any, where: str) -> ClusterValue:
+        if not isinstance(x, ClusterValue):
+            raise TraceError(f"{where}: expected a value of this cluster, got {x!r}")
+        if x.cluster is not self:
+            raise TraceError(f"{where}: {x!r} belongs to another cluster")
+        return x
+
+    def _check_inputs(self, program: Program, inputs: list[Any]) -> None:
+        expected = program.input_types
+        if len(inputs) != len(expected):
+            raise TraceError(f"program takes {len(expected)} party values, got {len(inputs)}")
+        for i, (x, (ttype, parties)) in enumerate(zip(inputs, expected, strict=True)):
+            h = self._own(x, f"argument {i}")
+            if h.type != ttype or h.parties != parties:
+                raise TraceError(
+                    f"argument {i}: expected {ttype} @ {format_parties(parties)}, "
+                    f"got {h.type} @ {format_parties(h.parties)}"
+                )
+
+    def _traced(
+        self, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> tuple[Program, list[MPObject]]:
+        key = _signature(fn, args)
+        cached = self._programs.get(key) if key is not None else None
+        if cached is not None:
+            program, leaf_positions = cached
+            leaves = jax.tree.leaves(args)
+            return program, [leaves[i] for i in leaf_positions]
+        program, inputs = trace(
+            fn,
+            args,
+            world_size=self.world_size,
+            party_names=self._party_names,
+            platforms=self.platforms,
+        )
+        if key is not None:
+            leaves = jax.tree.leaves(args)
+            positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, MPObject)]
+            with self._lock:
+                self._programs[key] = (program, positions)
+        return program, inputs
+
+
+def _signature(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """A hashable key for (fn, argument types and placements, static values), or None."""
+    leaves, tree = jax.tree.flatten(args)
+    parts = tuple((x.type, x.parties) if isinstance(x, MPObject) else ("static", x) for x in leaves)
+    key = (fn.fn if isinstance(fn, MPFunction) else fn, tree, parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _release_quietly(cluster_ref: weakref.ref[Cluster], name: str, parties: PartySet) -> None:
+    cluster = cluster_ref()
+    if cluster is None or cluster._closed:
+        return
+    with contextlib.suppress(Exception):  # best effort: the cluster may be going down
+        cluster._release([name], parties)

@@ -1,0 +1,69 @@
+"""`Party`: one party's engine, shared by the simulator and the gRPC party server.
+
+It caches programs by digest (parsed graph and plan) and runs them against its runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mpplug.core.graph import Graph
+from mpplug.errors import InvalidProgramError
+from mpplug.kernels import KernelRuntime
+from mpplug.kernels.runtime import LRUCache
+from mpplug.runtime.communicator import Communicator
+from mpplug.runtime.interpreter import Interpreter
+
+DEFAULT_PROGRAM_CACHE = 128
+
+
+class UnknownProgramError(InvalidProgramError, LookupError):
+    """A digest this party has not been sent the program for."""
+
+
+class Party:
+    """Rank `rank` of `world_size`: program cache, kernel runtime and communicator."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        communicator: Communicator,
+        *,
+        device: Any = None,
+        program_cache_size: int = DEFAULT_PROGRAM_CACHE,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.communicator = communicator
+        self.runtime = KernelRuntime(rank, world_size, device)
+        self._programs: LRUCache[str, Interpreter] = LRUCache(program_cache_size)
+
+    def has_program(self, digest: str) -> bool:
+        return digest in self._programs
+
+    def load_program(self, data: bytes) -> str:
+        """Parse and plan program bytes (once per digest); return the digest."""
+        graph = Graph.from_bytes(data)
+        if graph.world_size != self.world_size:
+            raise InvalidProgramError(
+                f"program {graph.name!r} is for {graph.world_size} parties, "
+                f"this cluster has {self.world_size}"
+            )
+        self._programs.get_or_create(graph.digest, lambda: Interpreter(graph, self.rank))
+        return graph.digest
+
+    def interpreter(self, digest: str) -> Interpreter:
+        found = self._programs.get(digest)
+        if found is None:
+            raise UnknownProgramError(f"party {self.rank} holds no program with digest {digest}")
+        return found
+
+    def execute(
+        self, digest: str, exec_id: str, inputs: Sequence[Any], timeout: float
+    ) -> list[Any]:
+        """Run program `digest`; returns per-output values (None where not held here)."""
+        return self.interpreter(digest).run(
+            inputs, self.communicator, exec_id, self.runtime, timeout
+        )

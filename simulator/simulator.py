@@ -1,0 +1,183 @@
+"""`Simulator`: N parties as persistent threads in this process, one runtime and device each.
+
+Programs reach every party as the same bytes; values crossing parties go through the wire codec.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import jax
+import numpy as np
+
+from mpplug.core.parties import PartySet
+from mpplug.errors import ExecutionAborted, MPPlugError
+from mpplug.frontend.tracer import Program
+from mpplug.kernels.devices import export_platform
+from mpplug.runtime import codec
+from mpplug.runtime.cluster import Cluster
+from mpplug.runtime.communicator import Communicator, Key, Mailbox
+from mpplug.runtime.party import Party
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class InMemoryCommunicator(Communicator):
+    """Delivers encoded tensors straight into the destination party's mailbox."""
+
+    def __init__(self, rank: int, mailboxes: Sequence[Mailbox]) -> None:
+        self.rank = rank
+        self.world_size = len(mailboxes)
+        self._mailboxes = mailboxes
+
+    def send(self, key: Key, value: Any) -> None:
+        self._mailboxes[key.dst].deliver(key, codec.to_bytes(value))
+
+    def recv(self, key: Key, timeout: float) -> Any:
+        data = self._mailboxes[self.rank].take(key, timeout)
+        return codec.from_bytes(data, where=f"value {key} at party {self.rank}")
+
+
+def _parse_world(world: Any) -> tuple[list[str], list[Any]]:
+    """Party names and device specs from a world size or a ClusterSpec."""
+    if isinstance(world, int) and not isinstance(world, bool):
+        if world < 1:
+            raise ValueError(f"expected at least one party, got world size {world}")
+        return [f"P{i}" for i in range(world)], [None] * world
+    parties = getattr(world, "parties", None)
+    if parties is None:
+        raise TypeError(f"expected a world size or a ClusterSpec, got {type(world).__name__}")
+    return [p.name for p in parties], [p.device for p in parties]
+
+
+def _devices(mode: Any, declared: list[Any]) -> list[Any]:
+    n = len(declared)
+    if mode == "auto":
+        local = jax.local_devices()
+        return [declared[i] or local[i % len(local)] for i in range(n)]
+    if mode is None:
+        return list(declared)
+    if isinstance(mode, str) or len(mode) != n:
+        raise ValueError(
+            f"devices: expected 'auto', None or a list of {n} device specs, got {mode!r}"
+        )
+    return list(mode)
+
+
+class Simulator(Cluster):
+    """A thread-per-party cluster implementing `mpplug.Cluster`.
+
+    `world` is a number of parties or a ClusterSpec (names and devices from the spec).
+    `devices="auto"` binds party i to local device i modulo the device count.
+    """
+
+    def __init__(
+        self, world: Any, *, devices: Any = "auto", timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        names, declared = _parse_world(world)
+        bound = _devices(devices, declared)
+        self._mailboxes = [Mailbox(r) for r in range(len(names))]
+        self._parties = [
+            Party(r, len(names), InMemoryCommunicator(r, self._mailboxes), device=bound[r])
+            for r in range(len(names))
+        ]
+        platforms = sorted(
+            {
+                export_platform(p.runtime.resolved_device() or jax.devices()[0])
+                for p in self._parties
+            }
+        )
+        super().__init__(names, timeout, platforms)
+        self._stores: list[dict[str, Any]] = [{} for _ in names]
+        self._workers = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"mpplug-party{r}") for r in range(len(names))
+        ]
+
+    def devices(self) -> list[Any]:
+        """The JAX device each party is bound to (None: JAX's default)."""
+        return [p.runtime.resolved_device() for p in self._parties]
+
+    def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None:
+        data = codec.to_bytes(array)
+        self._workers[rank].submit(self._store, rank, name, data).result()
+
+    def _store(self, rank: int, name: str, data: bytes) -> None:
+        self._stores[rank][name] = codec.from_bytes(data, where=f"put {name}")
+
+    def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
+        data = self._workers[rank].submit(self._load, rank, name).result()
+        return np.asarray(codec.from_bytes(data, where=f"fetch {name}"))
+
+    def _load(self, rank: int, name: str) -> bytes:
+        if name not in self._stores[rank]:
+            raise MPPlugError(f"party {rank} holds no value named {name!r} (released?)")
+        return codec.to_bytes(self._stores[rank][name])
+
+    def _release(self, names: list[str], ranks: PartySet) -> None:
+        for rank in ranks:
+            for name in names:
+                self._stores[rank].pop(name, None)
+
+    def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None:
+        exec_id = uuid.uuid4().hex
+        futures = [
+            worker.submit(
+                self._execute,
+                party,
+                program.to_bytes(),
+                program.digest,
+                exec_id,
+                in_names,
+                out_names,
+            )
+            for party, worker in zip(self._parties, self._workers, strict=True)
+        ]
+        self._wait(futures, exec_id)
+
+    def _execute(
+        self,
+        party: Party,
+        data: bytes,
+        digest: str,
+        exec_id: str,
+        in_names: list[str],
+        out_names: list[str],
+    ) -> None:
+        store = self._stores[party.rank]
+        try:
+            if not party.has_program(digest):
+                party.load_program(data)
+            inputs = [store.get(name) for name in in_names]
+            outputs = party.execute(digest, exec_id, inputs, self.timeout)
+        except BaseException as exc:
+            if not isinstance(exc, ExecutionAborted):
+                reason = f"party {party.rank} failed: {type(exc).__name__}"
+                for mailbox in self._mailboxes:
+                    mailbox.abort(exec_id, reason)
+            raise
+        finally:
+            self._mailboxes[party.rank].finish(exec_id)
+        for name, value in zip(out_names, outputs, strict=True):
+            if value is not None:
+                store[name] = value
+
+    def _wait(self, futures: list[Future[None]], exec_id: str) -> None:
+        wait(futures)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        root = [e for e in errors if not isinstance(e, ExecutionAborted)]
+        if root:
+            raise root[0]  # type: ignore[misc]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+
+    def _close(self) -> None:
+        for worker in self._workers:
+            worker.shutdown(wait=True, cancel_futures=True)
+        for store in self._stores:
+            store.clear()
+
+    def __repr__(self) -> str:
+        return f"Simulator({self.world_size} parties: {', '.join(self.parties)})"
