@@ -1,0 +1,35 @@
+"""Shared fixtures: the `make_cluster` factory over every cluster kind, and the test plugin."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mpplug import Cluster
+
+from .clusters import KINDS, PLUGIN_DIR
+
+if str(PLUGIN_DIR) not in sys.path:  # the test plugin is found through its entry points
+    sys.path.insert(0, str(PLUGIN_DIR))
+
+DEFAULT_TIMEOUT = 20.0
+
+
+@pytest.fixture(params=sorted(KINDS))
+def cluster_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_cluster(cluster_kind: str) -> Iterator[Callable[..., Cluster]]:
+    """`make_cluster(world_size, timeout=...)`: a cluster of the parametrized kind, closed
+    at teardown even when the test fails."""
+    with contextlib.ExitStack() as stack:
+
+        def make(world_size: int, timeout: float = DEFAULT_TIMEOUT) -> Cluster:
+            return stack.enter_context(KINDS[cluster_kind](world_size, timeout))
+
+        yield make
