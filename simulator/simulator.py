@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import jax
@@ -23,6 +23,7 @@ from mpplug.runtime.communicator import Communicator, Key, Mailbox
 from mpplug.runtime.party import Party
 
 DEFAULT_TIMEOUT = 30.0
+ABORT_GRACE = 2.0
 
 
 class InMemoryCommunicator(Communicator):
@@ -108,8 +109,11 @@ class Simulator(Cluster):
         self._stores[rank][name] = codec.from_bytes(data, where=f"put {name}")
 
     def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
-        data = self._workers[rank].submit(self._load, rank, name).result()
-        return np.asarray(codec.from_bytes(data, where=f"fetch {name}"))
+        return self._fetch_all([rank], name)[0]
+
+    def _fetch_all(self, ranks: list[int], name: str) -> list[np.ndarray[Any, Any]]:
+        futures = [self._workers[r].submit(self._load, r, name) for r in ranks]
+        return [np.asarray(codec.from_bytes(f.result(), where=f"fetch {name}")) for f in futures]
 
     def _load(self, rank: int, name: str) -> bytes:
         if name not in self._stores[rank]:
@@ -135,7 +139,7 @@ class Simulator(Cluster):
             )
             for party, worker in zip(self._parties, self._workers, strict=True)
         ]
-        self._wait(futures, exec_id)
+        self._wait(futures)
 
     def _execute(
         self,
@@ -164,14 +168,16 @@ class Simulator(Cluster):
             if value is not None:
                 store[name] = value
 
-    def _wait(self, futures: list[Future[None]], exec_id: str) -> None:
-        wait(futures)
-        errors = [f.exception() for f in futures if f.exception() is not None]
+    def _wait(self, futures: list[Future[None]]) -> None:
+        """Wait for every party; after a failure, give the others a short grace to unwind
+        (a kernel stuck in a straggler must not hold the caller) and raise the root error."""
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        if pending:
+            wait(pending, timeout=ABORT_GRACE)
+        errors = [e for f in futures if f.done() and (e := f.exception()) is not None]
         root = [e for e in errors if not isinstance(e, ExecutionAborted)]
-        if root:
-            raise root[0]  # type: ignore[misc]
-        if errors:
-            raise errors[0]  # type: ignore[misc]
+        if root or errors:
+            raise (root or errors)[0]
 
     def _close(self) -> None:
         for worker in self._workers:

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 from jax import export as jax_export
+from jax.sharding import SingleDeviceSharding
 
 from mpplug.core import PFunction, TensorType
 from mpplug.errors import InvalidPFunctionError
@@ -139,12 +140,19 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     x64 = bool(pfunc.attrs.get(ATTR_X64, False)) or any(
         t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
     )
-    return CompiledExport(jax.jit(exported.call), exported, x64, len(pfunc.outs_info))
+    if device is None:
+        call = jax.jit(exported.call)
+    else:  # jit places inputs (numpy or on another device) and keeps outputs on `device`
+        sharding = SingleDeviceSharding(device)
+        call = jax.jit(
+            exported.call,
+            in_shardings=(sharding,) * len(pfunc.ins_info),
+            out_shardings=sharding,
+        )
+    return CompiledExport(call, exported, x64, len(pfunc.outs_info))
 
 
-def _call(compiled: CompiledExport, args: Sequence[Any], device: Any) -> tuple[Any, ...]:
-    if device is not None:
-        args = jax.device_put(list(args), device)
+def _call(compiled: CompiledExport, args: Sequence[Any]) -> tuple[Any, ...]:
     out = compiled.call(*args)
     if isinstance(out, tuple) and len(out) == compiled.n_outs:
         return out
@@ -155,8 +163,7 @@ def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) 
     """The kernel: outputs stay on the runtime's device as JAX arrays."""
     cache = runtime.cache(CACHE_NAMESPACE)
     compiled: CompiledExport = cache.get_or_create(pfunc.digest, lambda: load(pfunc, runtime))
-    device = runtime.resolved_device()
     if compiled.x64:
         with jax.enable_x64(True):
-            return _call(compiled, args, device)
-    return _call(compiled, args, device)
+            return _call(compiled, args)
+    return _call(compiled, args)

@@ -131,10 +131,9 @@ class Cluster(ABC):
             if rank not in handle.parties:
                 raise ValueError(f"party {rank} does not hold {handle!r}")
             return self._fetch(rank, handle.name)
-        return [
-            self._fetch(r, handle.name) if r in handle.parties else None
-            for r in range(self.world_size)
-        ]
+        ranks = sorted(handle.parties)
+        found = dict(zip(ranks, self._fetch_all(ranks, handle.name), strict=True))
+        return [found.get(r) for r in range(self.world_size)]
 
     def close(self) -> None:
         if not self._closed:
@@ -156,6 +155,10 @@ class Cluster(ABC):
 
     @abstractmethod
     def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]: ...
+
+    def _fetch_all(self, ranks: list[int], name: str) -> list[np.ndarray[Any, Any]]:
+        """Fetch from several parties; subclasses may fan out in parallel."""
+        return [self._fetch(r, name) for r in ranks]
 
     @abstractmethod
     def _release(self, names: list[str], ranks: PartySet) -> None: ...
