@@ -1,0 +1,38 @@
+"""Every tutorial runs to completion as a newcomer would run it (`python tutorials/X.py`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TUTORIALS = sorted((Path(__file__).parent.parent / "tutorials").glob("[0-9][0-9]_*.py"))
+
+
+def test_the_tutorials_exist():
+    assert [t.name[:2] for t in TUTORIALS][:3] == ["00", "01", "02"]
+
+
+@pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda p: p.stem)
+def test_tutorial_runs(tutorial: Path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(
+        [sys.executable, str(tutorial)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tutorial.parent.parent,
+    )
+    assert done.returncode == 0, f"{tutorial.name} failed:\n{done.stdout}\n{done.stderr}"
+    assert done.stdout.strip(), f"{tutorial.name} printed nothing"
+
+
+def test_quickstart_answers_the_millionaires_question():
+    done = subprocess.run(
+        [sys.executable, str(TUTORIALS[0])], capture_output=True, text=True, timeout=240
+    )
+    assert "Is Bob richer than Alice? True" in done.stdout, done.stderr
