@@ -101,19 +101,13 @@ class Simulator(Cluster):
         """The JAX device each party is bound to (None: JAX's default)."""
         return [p.runtime.resolved_device() for p in self._parties]
 
+    # Stores are plain dicts: put and fetch touch them from the caller's thread (an evaluate
+    # that wrote a value has finished before its handle exists), still through the codec.
     def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None:
-        data = codec.to_bytes(array)
-        self._workers[rank].submit(self._store, rank, name, data).result()
-
-    def _store(self, rank: int, name: str, data: bytes) -> None:
-        self._stores[rank][name] = codec.from_bytes(data, where=f"put {name}")
+        self._stores[rank][name] = codec.from_bytes(codec.to_bytes(array), where=f"put {name}")
 
     def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
-        return self._fetch_all([rank], name)[0]
-
-    def _fetch_all(self, ranks: list[int], name: str) -> list[np.ndarray[Any, Any]]:
-        futures = [self._workers[r].submit(self._load, r, name) for r in ranks]
-        return [np.asarray(codec.from_bytes(f.result(), where=f"fetch {name}")) for f in futures]
+        return np.asarray(codec.from_bytes(self._load(rank, name), where=f"fetch {name}"))
 
     def _load(self, rank: int, name: str) -> bytes:
         if name not in self._stores[rank]:

@@ -12,7 +12,12 @@ AttrScalar = bool | int | float | str | bytes
 AttrValue = AttrScalar | tuple[Any, ...]
 
 
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # attr ints travel as protobuf sint64
+
+
 def _freeze(key: str, value: Any) -> AttrValue:
+    if isinstance(value, int) and not isinstance(value, bool) and not INT_MIN <= value <= INT_MAX:
+        raise ValueError(f"attr {key!r}: expected an int in the signed 64-bit range, got {value}")
     if isinstance(value, bool | int | float | str | bytes):
         return value
     if isinstance(value, tuple | list):

@@ -33,10 +33,12 @@ class DType(enum.Enum):
     COMPLEX64 = "c64"
     COMPLEX128 = "c128"
 
+    _numpy: np.dtype[Any]  # set on each member below; an attribute keeps `numpy` cheap
+
     @property
     def numpy(self) -> np.dtype[Any]:
         """The numpy dtype (bfloat16 through ml_dtypes), always little-endian."""
-        return _TO_NUMPY[self]
+        return self._numpy
 
     @property
     def itemsize(self) -> int:
@@ -67,9 +69,11 @@ class DType(enum.Enum):
             return dtype
         if isinstance(dtype, str) and dtype in _BY_SHORT_NAME:
             return _BY_SHORT_NAME[dtype]
+        if dtype is None:  # np.dtype(None) would silently mean float64
+            raise UnsupportedDTypeError("expected a supported dtype, got None")
         try:
             np_dtype = np.dtype(dtype)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise UnsupportedDTypeError(f"expected a supported dtype, got {dtype!r}") from exc
         found = _FROM_NUMPY.get(np_dtype)
         if found is None:
@@ -102,4 +106,6 @@ _TO_NUMPY: dict[DType, np.dtype[Any]] = {
     DType.COMPLEX128: np.dtype("<c16"),
 }
 _FROM_NUMPY: dict[np.dtype[Any], DType] = {dt: d for d, dt in _TO_NUMPY.items()}
+for _member, _np_dtype in _TO_NUMPY.items():
+    _member._numpy = _np_dtype
 _BY_SHORT_NAME: dict[str, DType] = {d.value: d for d in _MEMBERS}

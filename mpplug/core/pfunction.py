@@ -16,13 +16,14 @@ from mpplug.core.types import TensorType
 from mpplug.errors import InvalidPFunctionError
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class PFunction:
     """A function record: kernel name, body bytes, input/output types and attrs.
 
     Guarantees: immutable; `to_bytes()` is canonical (equal records give equal bytes), so
     `digest` (sha256 hex of those bytes) identifies the function; `from_bytes(to_bytes())`
-    gives an equal record.
+    gives an equal record. Two records are equal exactly when their canonical bytes are, so
+    equality agrees with `hash` and `digest` (attrs `True` and `1`, or `0.0` and `-0.0`, differ).
     """
 
     fn_type: str
@@ -58,7 +59,12 @@ class PFunction:
         object.__setattr__(self, "fn_body", bytes(fn_body))
         object.__setattr__(self, "ins_info", ins)
         object.__setattr__(self, "outs_info", outs)
-        object.__setattr__(self, "attrs", attrs if isinstance(attrs, Attrs) else Attrs(attrs))
+        if not isinstance(attrs, Attrs):
+            try:
+                attrs = Attrs(attrs)
+            except (TypeError, ValueError) as exc:
+                raise InvalidPFunctionError(f"attrs: {exc}") from None
+        object.__setattr__(self, "attrs", attrs)
 
     def to_bytes(self) -> bytes:
         """Canonical protobuf bytes of this record."""
@@ -81,6 +87,11 @@ class PFunction:
     def digest(self) -> str:
         """sha256 hex digest of the canonical bytes."""
         return hashlib.sha256(self._bytes).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PFunction):
+            return NotImplemented
+        return self is other or self._bytes == other._bytes
 
     def __hash__(self) -> int:
         return hash(self.digest)

@@ -81,7 +81,7 @@ def jax_export(
     flat_fn.__name__ = flat_fn.__qualname__ = _name(fn)
     x64 = bool(jax.config.read("jax_enable_x64")) or any(t.dtype.is_64bit for t in in_types)
     specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in in_types]
-    target = tuple(platforms) if platforms is not None else None
+    target = _platforms(fn, platforms)
     with _x64_if(x64), _reproducible_locations():
         exported = jax_export_module.export(jax.jit(flat_fn), platforms=target)(*specs)
         try:
@@ -100,6 +100,23 @@ def jax_export(
     }
     pfunc = PFunction(jax_exec.FN_TYPE, _name(fn), body, tuple(in_types), outs_info, attrs)
     return pfunc, in_vars, out_trees[-1]
+
+
+EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+def _platforms(fn: Callable[..., Any], platforms: Sequence[str] | None) -> tuple[str, ...] | None:
+    """Validate `platforms`: None (the host's default backend), one name, or several."""
+    if platforms is None:
+        return None
+    names = (platforms,) if isinstance(platforms, str) else tuple(platforms)
+    unknown = [p for p in names if p not in EXPORT_PLATFORMS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise TraceError(
+            f"{_name(fn)}: expected platforms to be distinct names among "
+            f"{', '.join(EXPORT_PLATFORMS)}, got {platforms!r}"
+        )
+    return names
 
 
 def _name(fn: Callable[..., Any]) -> str:

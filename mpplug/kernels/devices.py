@@ -16,8 +16,8 @@ _BACKENDS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "t
 
 def parse_device_spec(spec: str) -> tuple[str, int]:
     """Split "cuda:0" into ("cuda", 0); a bare "cpu" means index 0."""
-    kind, _, index = spec.partition(":")
-    if kind not in _BACKENDS or (index and not index.isdigit()):
+    kind, colon, index = spec.partition(":")
+    if kind not in _BACKENDS or (colon and not index.isdigit()):
         raise ConfigError(f"expected a device spec like 'cpu', 'cpu:1' or 'cuda:0', got {spec!r}")
     return kind, int(index or 0)
 

@@ -9,29 +9,55 @@ from typing import Any
 
 import numpy as np
 
-from mpplug.core import PFunction
+from mpplug.core import PFunction, TensorType
 from mpplug.errors import ArgumentMismatchError, InvalidPFunctionError
 from mpplug.kernels.registry import REGISTRY
 from mpplug.kernels.runtime import KernelRuntime, default_runtime
 
 
+def _describe(arg: Any) -> str:
+    """An argument's type as `f32[2,3]`, or as numpy spells an unsupported dtype."""
+    try:
+        return str(TensorType(arg.dtype, arg.shape))
+    except Exception:  # a dtype outside the supported set (e.g. big-endian), or a bad shape
+        try:
+            return f"{np.dtype(arg.dtype).str}[{','.join(map(str, arg.shape))}]"
+        except Exception:
+            return f"{type(arg).__name__} with dtype {arg.dtype!r} and shape {arg.shape!r}"
+
+
+def _mismatch(pfunc: PFunction, i: int, arg: Any) -> ArgumentMismatchError:
+    return ArgumentMismatchError(
+        f"{pfunc.fn_name!r} argument {i}: expected {pfunc.ins_info[i]}, got {_describe(arg)}"
+    )
+
+
 def _check_arguments(pfunc: PFunction, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arguments, non-arrays converted with `np.asarray`, once each matches `ins_info`.
+
+    This runs on every call, so the common case (arrays of the right type) does no more than
+    compare each argument's shape and dtype.
+    """
     expected = pfunc.ins_info
     if len(args) != len(expected):
         raise ArgumentMismatchError(
             f"{pfunc.fn_name!r} expects {len(expected)} argument(s) "
             f"({', '.join(map(str, expected))}), got {len(args)}"
         )
-    checked = list(args)
-    for i, (arg, ttype) in enumerate(zip(args, expected, strict=True)):
-        if not hasattr(arg, "dtype") or not hasattr(arg, "shape"):
-            arg = checked[i] = np.asarray(arg)
-        if tuple(arg.shape) != ttype.shape or arg.dtype != ttype.dtype.numpy:
-            got = f"{np.dtype(arg.dtype).name}{list(arg.shape)}"
-            raise ArgumentMismatchError(
-                f"{pfunc.fn_name!r} argument {i}: expected {ttype}, got {got}"
-            )
-    return tuple(checked)
+    checked: list[Any] | None = None
+    for i, arg in enumerate(args):
+        ttype = expected[i]
+        try:
+            shape, dtype = arg.shape, arg.dtype
+        except AttributeError:
+            arg = np.asarray(arg)
+            shape, dtype = arg.shape, arg.dtype
+            if checked is None:
+                checked = list(args)
+            checked[i] = arg
+        if dtype != ttype.dtype.numpy or (shape != ttype.shape and tuple(shape) != ttype.shape):
+            raise _mismatch(pfunc, i, arg)
+    return args if checked is None else tuple(checked)
 
 
 def invoke(pfunc: PFunction, *args: Any, runtime: KernelRuntime | None = None) -> tuple[Any, ...]:

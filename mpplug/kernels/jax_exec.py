@@ -5,6 +5,7 @@ Each runtime deserializes and jit-compiles a body once per digest (a bounded cac
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from jax.sharding import SingleDeviceSharding
 from mpplug.core import PFunction, TensorType
 from mpplug.errors import InvalidPFunctionError
 from mpplug.kernels.devices import default_export_platform, export_platform
-from mpplug.kernels.runtime import KernelRuntime
+from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, KernelRuntime, LRUCache
 
 FN_TYPE = "jax.exec"
 CACHE_NAMESPACE = "jax.exec"
@@ -149,7 +150,29 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
             in_shardings=(sharding,) * len(pfunc.ins_info),
             out_shardings=sharding,
         )
+    _lower_now(pfunc, call, exported, x64)
     return CompiledExport(call, exported, x64, len(pfunc.outs_info))
+
+
+def _lower_now(
+    pfunc: PFunction, call: Callable[..., Any], exported: jax_export.Exported, x64: bool
+) -> None:
+    """Lower once at load: the StableHLO module inside the artifact is only decoded then, so a
+    corrupt module fails here as an InvalidPFunctionError rather than at every call."""
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
+    try:
+        with jax.enable_x64(True) if x64 else contextlib.nullcontext():
+            call.lower(*specs)  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: fn_body ({len(pfunc.fn_body)} bytes) holds a module that does "
+            f"not load ({type(exc).__name__}: {_first_line(exc)})"
+        ) from None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no detail"
 
 
 def _call(compiled: CompiledExport, args: Sequence[Any]) -> tuple[Any, ...]:
@@ -159,10 +182,21 @@ def _call(compiled: CompiledExport, args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(jax.tree.leaves(out))
 
 
+_PROCESS_CACHE: LRUCache[tuple[str, Any], CompiledExport] = LRUCache(DEFAULT_CACHE_SIZE)
+
+
+def _shared_load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
+    """Runtimes of one process bound to the same device (simulated parties) share one
+    compiled executable per digest instead of compiling it once each."""
+    key = (pfunc.digest, runtime.resolved_device())
+    return _PROCESS_CACHE.get_or_create(key, lambda: load(pfunc, runtime))
+
+
 def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> tuple[Any, ...]:
     """The kernel: outputs stay on the runtime's device as JAX arrays."""
-    cache = runtime.cache(CACHE_NAMESPACE)
-    compiled: CompiledExport = cache.get_or_create(pfunc.digest, lambda: load(pfunc, runtime))
+    compiled: CompiledExport = runtime.cache(CACHE_NAMESPACE).get_or_create(
+        pfunc.digest, lambda: _shared_load(pfunc, runtime)
+    )
     if compiled.x64:
         with jax.enable_x64(True):
             return _call(compiled, args)

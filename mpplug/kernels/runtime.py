@@ -24,20 +24,33 @@ class LRUCache(Generic[K, V]):
             raise ValueError(f"expected maxsize >= 1, got {maxsize}")
         self.maxsize = maxsize
         self._data: OrderedDict[K, V] = OrderedDict()
+        self._pending: dict[K, threading.Lock] = {}
         self._lock = threading.Lock()
 
     def get_or_create(self, key: K, create: Callable[[], V]) -> V:
-        """The cached value for `key`, creating it outside the lock when missing."""
+        """The cached value for `key`; when missing, one caller creates it (outside the cache
+        lock) while concurrent callers for the same key wait for that value."""
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)
                 return self._data[key]
-        value = create()
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+            pending = self._pending.setdefault(key, threading.Lock())
+        with pending:
+            with self._lock:
+                if key in self._data:  # another caller created it while we waited
+                    self._data.move_to_end(key)
+                    return self._data[key]
+            try:
+                value = create()
+                with self._lock:
+                    self._data[key] = value
+                    self._data.move_to_end(key)
+                    while len(self._data) > self.maxsize:
+                        self._data.popitem(last=False)
+            finally:
+                with self._lock:
+                    if self._pending.get(key) is pending:
+                        del self._pending[key]
         return value
 
     def get(self, key: K) -> V | None:
@@ -72,6 +85,10 @@ class KernelRuntime:
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"expected 0 <= rank < world_size, got rank {rank} of {world_size}")
+        if isinstance(device, str):  # a malformed spec fails here, not at the first call
+            from mpplug.kernels.devices import parse_device_spec
+
+            parse_device_spec(device)
         self.rank = rank
         self.world_size = world_size
         self.device_spec = device
