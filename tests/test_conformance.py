@@ -116,9 +116,14 @@ def test_multiple_and_nested_outputs_keep_their_structure(make_cluster):
     @mp.function
     def shaped(v):
         stats = mp.run_jax(lambda a: {"sum": a.sum(), "parts": (a[:2], [a[2:] * 2])}, v)
-        return {"stats": stats, "moved": mp.p2p(0, 1, v)}, mp.prank()
+        return {
+            "stats": stats,
+            "moved": mp.p2p(0, 1, v),
+            "note": "host constants come back as they are",
+        }, mp.prank()
 
     tree, rank = cluster.evaluate(shaped, x)
+    assert tree["note"] == "host constants come back as they are"
     assert int(cluster.fetch(tree["stats"]["sum"], party=0)) == 6
     np.testing.assert_array_equal(cluster.fetch(tree["stats"]["parts"][0], party=0), [0, 1])
     np.testing.assert_array_equal(cluster.fetch(tree["stats"]["parts"][1][0], party=0), [4, 6])

@@ -19,6 +19,7 @@ from mpplug.core.graph import Graph, Op, OpKind, ValueRef
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
 from mpplug.errors import InvalidProgramError, TraceError
+from mpplug.frontend.jax_export import is_array_like
 
 
 class TracedValue(MPObject):
@@ -188,6 +189,13 @@ def function(fn: Callable[..., Any]) -> MPFunction:
     return fn if isinstance(fn, MPFunction) else MPFunction(fn)
 
 
+@dataclass(frozen=True, slots=True)
+class _Output:
+    """A placeholder in an output template: party output number `index`."""
+
+    index: int
+
+
 @dataclass(frozen=True)
 class Program:
     """A traced program: its Graph plus, when traced here, how to rebuild the outputs.
@@ -197,6 +205,7 @@ class Program:
 
     graph: Graph
     out_tree: PyTreeDef | None = None
+    out_template: tuple[Any, ...] | None = None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Program:
@@ -225,9 +234,12 @@ class Program:
         return [(self.graph.value_type(r), self.graph.holders(r)) for r in self.graph.outputs]
 
     def unflatten(self, values: Sequence[Any]) -> Any:
-        if self.out_tree is None:
+        """The traced output pytree with `values` for the party outputs and the host
+        constants the function returned; a flat list for a Program from bytes."""
+        if self.out_tree is None or self.out_template is None:
             return list(values)
-        return jax.tree.unflatten(self.out_tree, values)
+        leaves = [values[t.index] if isinstance(t, _Output) else t for t in self.out_template]
+        return jax.tree.unflatten(self.out_tree, leaves)
 
     def __str__(self) -> str:
         return self.ir()
@@ -268,15 +280,17 @@ def trace(
     finally:
         stack.pop()
     paths_leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
-    outputs = []
+    outputs: list[TracedValue] = []
+    template: list[Any] = []
     for path, leaf in paths_leaves:
-        if not isinstance(leaf, MPObject):
-            raise TraceError(
-                f"{name} returned {type(leaf).__name__} at output{keystr(path)}; a program "
-                f"returns party values (use mp.constant to place a host value)"
-            )
-        outputs.append(builder.value(leaf, f"{name} output{keystr(path)}"))
-    return Program(builder.build(outputs), out_tree), inputs
+        if isinstance(leaf, MPObject):
+            template.append(_Output(len(outputs)))
+            outputs.append(builder.value(leaf, f"{name} output{keystr(path)}"))
+        elif is_array_like(leaf) and not hasattr(leaf, "__array__"):
+            raise TraceError(f"{name} returned a type ({leaf!r}) at output{keystr(path)}")
+        else:
+            template.append(leaf)  # a host constant, handed back as it is
+    return Program(builder.build(outputs), out_tree, tuple(template)), inputs
 
 
 def compile(
