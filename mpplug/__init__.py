@@ -1,6 +1,7 @@
 """mpplug: multi-party computation over JAX.
 
-Write a program once with `@mp.function`, run it on the `Simulator` or on real parties.
+Write a program once with `@mp.function`, run it on the `Simulator` or on real parties
+through the gRPC `Driver`.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpplug import errors
+from mpplug.config import ClusterSpec, PartySpec, TLSFiles
 from mpplug.core import Attrs, DType, PFunction, TensorType
 from mpplug.core.mpobject import MPObject
 from mpplug.errors import (
@@ -62,6 +64,10 @@ def __getattr__(name: str) -> Any:
         from simulator import Simulator
 
         return Simulator
+    if name == "Driver":
+        from mpplug.remote.driver import Driver
+
+        return Driver
     raise AttributeError(f"module 'mpplug' has no attribute {name!r}")
 
 
@@ -69,9 +75,11 @@ __all__ = [
     "ArgumentMismatchError",
     "Attrs",
     "Cluster",
+    "ClusterSpec",
     "ClusterValue",
     "CommTimeoutError",
     "DType",
+    "Driver",
     "InvalidPFunctionError",
     "KernelRuntime",
     "MPFunction",
@@ -79,9 +87,11 @@ __all__ = [
     "MPPlugError",
     "PFunction",
     "PartyError",
+    "PartySpec",
     "PartyUnavailableError",
     "Program",
     "Simulator",
+    "TLSFiles",
     "TensorType",
     "TraceError",
     "UnknownKernelError",

@@ -5,9 +5,10 @@ Loaded from YAML or a dict and validated; every error names the offending field.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,25 +17,50 @@ import yaml
 
 from mpplug.errors import ConfigError
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
-_DEVICE = re.compile(r"^(cpu|cuda|rocm|tpu)(:\d+)?$")
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252})")
+_PORT = re.compile(r"[0-9]{1,5}")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_DEVICE = re.compile(r"(cpu|cuda|rocm|tpu)(:[0-9]+)?")
 _PARTY_KEYS = {"name", "endpoint", "listen", "device", "tls"}
 _TLS_KEYS = {"ca", "cert", "key"}
 _TOP_KEYS = {"parties"}
 
 
-def split_endpoint(endpoint: str, where: str) -> tuple[str, int]:
+def split_endpoint(endpoint: Any, where: str) -> tuple[str, int]:
     """("host", port) from "host:port" or "[v6]:port"; ConfigError naming `where` otherwise."""
     if not isinstance(endpoint, str):
-        raise ConfigError(f"{where}: expected 'host:port', got {endpoint!r}")
-    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\s\[\]]+):(\d+)", endpoint)
-    if match is None:
-        raise ConfigError(f"{where}: expected 'host:port', got {endpoint!r}")
-    host = match.group(1) or match.group(3)
-    port = int(match.group(2) or match.group(4))
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{where}: port must be in 1..65535, got {port}")
-    return host, port
+        raise ConfigError(f"{where}: expected 'host:port' as a string, got {endpoint!r}")
+    if endpoint.startswith("["):
+        host, sep, port_text = endpoint[1:].partition("]:")
+        if not sep:
+            raise ConfigError(f"{where}: expected '[IPv6 address]:port', got {endpoint!r}")
+        if not _is_ipv6(host):
+            raise ConfigError(
+                f"{where}: expected an IPv6 address inside the brackets, got {endpoint!r}"
+            )
+    else:
+        host, sep, port_text = endpoint.rpartition(":")
+        if not sep:
+            raise ConfigError(f"{where}: expected 'host:port', got {endpoint!r} (no port)")
+        if ":" in host and _is_ipv6(host):
+            raise ConfigError(
+                f"{where}: an IPv6 address needs brackets, as in '[::1]:50051'; got {endpoint!r}"
+            )
+        if not _HOST.fullmatch(host):
+            raise ConfigError(
+                f"{where}: expected a host name or IPv4 address before the port, got {endpoint!r}"
+            )
+    if not _PORT.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
+        raise ConfigError(f"{where}: expected a port in 1..65535, got {endpoint!r}")
+    return host, int(port_text)
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -97,38 +123,66 @@ class ClusterSpec:
         return self.parties[self.rank_of(name_or_rank)]
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> ClusterSpec:
-        """Load and validate a cluster file; relative TLS paths resolve against its folder."""
+    def from_yaml(cls, path: str | Path, *, files_of: Collection[str] | None = None) -> ClusterSpec:
+        """Load and validate a cluster file; relative TLS paths resolve against its folder.
+
+        `files_of` names the parties whose TLS files must exist on this host: None (all of
+        them) suits one host or a driver beside the certificates; `mpplug serve --party X`
+        passes [X], since each host keeps only its own key; [] checks none.
+        """
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read cluster file {path}: {exc.strerror}") from None
+            raise ConfigError(
+                f"cannot read cluster file {path}: {exc.strerror or type(exc).__name__}"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"cluster file {path} is not UTF-8 text: {exc.reason}") from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        return cls.from_dict(data, base_dir=path.parent, source=str(path))
+        return cls.from_dict(data, base_dir=path.parent, source=str(path), files_of=files_of)
 
     @classmethod
     def from_dict(
-        cls, data: Any, *, base_dir: str | Path | None = None, source: str = "cluster"
+        cls,
+        data: Any,
+        *,
+        base_dir: str | Path | None = None,
+        source: str = "cluster",
+        files_of: Collection[str] | None = None,
     ) -> ClusterSpec:
+        """Validate a cluster given as plain data (what the YAML file holds); relative TLS
+        paths resolve against `base_dir` (default: the working directory), and error
+        messages start with `source`."""
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         if not isinstance(data, Mapping):
-            raise ConfigError(f"{source}: expected a mapping with 'parties', got {data!r}")
-        unknown = set(data) - _TOP_KEYS
+            got = "an empty document" if data is None else f"{type(data).__name__} {data!r}"
+            raise ConfigError(f"{source}: expected a mapping with a 'parties' list, got {got}")
+        unknown = _unknown(data, _TOP_KEYS)
         if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; expected 'parties'")
-        entries = data.get("parties")
+            raise ConfigError(f"{source}: unknown key(s) {unknown}; expected only 'parties'")
+        if "parties" not in data:
+            raise ConfigError(f"{source}: missing required key 'parties'")
+        entries = data["parties"]
         if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
-            raise ConfigError(f"{source}.parties: expected a non-empty list, got {entries!r}")
+            raise ConfigError(
+                f"{source}.parties: expected a non-empty list of parties, got {entries!r}"
+            )
         parties = tuple(
-            _party(entry, f"{source}.parties[{i}]", base) for i, entry in enumerate(entries)
+            _party(entry, f"{source}.parties[{i}]", base, files_of)
+            for i, entry in enumerate(entries)
         )
         _check_unique(parties, source)
         if len({p.tls is None for p in parties}) > 1:
-            raise ConfigError(f"{source}: either every party has tls files or none does")
+            with_tls = [p.name for p in parties if p.tls is not None]
+            without = [p.name for p in parties if p.tls is None]
+            raise ConfigError(
+                f"{source}.parties: either every party has a tls block or none does; "
+                f"with tls: {with_tls}, without: {without}"
+            )
         return cls(parties)
 
     @classmethod
@@ -167,21 +221,19 @@ def _as_dict(p: PartySpec) -> dict[str, Any]:
     return d
 
 
-def _party(entry: Any, where: str, base: Path) -> PartySpec:
+def _party(entry: Any, where: str, base: Path, files_of: Collection[str] | None) -> PartySpec:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {entry!r}")
-    unknown = set(entry) - _PARTY_KEYS
+    unknown = _unknown(entry, _PARTY_KEYS)
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {sorted(unknown)}; expected {sorted(_PARTY_KEYS)}"
-        )
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected {sorted(_PARTY_KEYS)}")
     for required in ("name", "endpoint"):
         if required not in entry:
             raise ConfigError(f"{where}: missing required key {required!r}")
     name = entry["name"]
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(
-            f"{where}.name: expected a letter then letters, digits, '_', '.' or '-', "
+            f"{where}.name: expected a letter then up to 63 letters, digits, '_', '.' or '-', "
             f"got {name!r}"
         )
     endpoint = entry["endpoint"]
@@ -189,34 +241,41 @@ def _party(entry: Any, where: str, base: Path) -> PartySpec:
     listen = entry.get("listen", f"[::]:{port}")
     split_endpoint(listen, f"{where}.listen")
     device = entry.get("device")
-    if device is not None and (not isinstance(device, str) or not _DEVICE.match(device)):
+    if device is not None and (not isinstance(device, str) or not _DEVICE.fullmatch(device)):
         raise ConfigError(
             f"{where}.device: expected 'cpu', 'cpu:N', 'cuda:N' (or rocm/tpu), got {device!r}"
         )
-    tls = _tls(entry["tls"], f"{where}.tls", base) if entry.get("tls") is not None else None
+    check = files_of is None or name in files_of
+    tls = _tls(entry["tls"], f"{where}.tls", base, check) if entry.get("tls") is not None else None
     return PartySpec(name, endpoint, listen, device, tls)
 
 
-def _tls(entry: Any, where: str, base: Path) -> TLSFiles:
+def _tls(entry: Any, where: str, base: Path, check: bool) -> TLSFiles:
     if not isinstance(entry, Mapping):
         raise ConfigError(f"{where}: expected a mapping with ca, cert and key, got {entry!r}")
-    unknown = set(entry) - _TLS_KEYS
-    missing = _TLS_KEYS - set(entry)
-    if unknown or missing:
-        raise ConfigError(
-            f"{where}: expected keys ca, cert, key; unknown {sorted(unknown)}, "
-            f"missing {sorted(missing)}"
-        )
+    unknown = _unknown(entry, _TLS_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected ca, cert and key")
+    missing = sorted(_TLS_KEYS - set(entry))
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {missing}; expected ca, cert and key")
     paths = {}
     for key in ("ca", "cert", "key"):
         value = entry[key]
-        if not isinstance(value, str | Path):
+        if not isinstance(value, str | Path) or not str(value):
             raise ConfigError(f"{where}.{key}: expected a file path, got {value!r}")
         path = (base / value).resolve()
-        if not path.is_file():
-            raise ConfigError(f"{where}.{key}: file not found: {path}")
+        if check and not path.is_file():
+            problem = "is not a file" if path.exists() else "does not exist"
+            origin = "" if Path(value).is_absolute() else f" ({str(value)!r} relative to {base})"
+            raise ConfigError(f"{where}.{key}: expected a PEM file, but {path} {problem}{origin}")
         paths[key] = path
     return TLSFiles(**paths)
+
+
+def _unknown(entry: Mapping[Any, Any], known: set[str]) -> list[str]:
+    """The keys of `entry` outside `known`, as sorted strings (YAML keys need not be str)."""
+    return sorted(str(key) for key in entry if key not in known)
 
 
 def _check_unique(parties: Sequence[PartySpec], source: str) -> None:

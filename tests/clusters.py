@@ -1,19 +1,107 @@
 """Cluster kinds the conformance suite runs against, and how to make each.
 
 Each kind is a context manager factory `(world_size, timeout) -> Cluster`; every kind must
-give identical results on the same program.
+give identical results on the same program. The "driver" kind runs real party processes on
+free loopback ports; they are pooled across tests (a fresh Driver session per test).
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
+import os
+import shutil
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import yaml
+
 from mpplug import Cluster
+from mpplug.config import ClusterSpec
+from mpplug.remote.certs import with_tls, write_dev_certs
+from mpplug.remote.driver import Driver
+from mpplug.remote.launch import LocalParties
 from simulator import Simulator
 
 PLUGIN_DIR = Path(__file__).parent / "plugins"
+PARTY_ENV = {
+    "PYTHONPATH": os.pathsep.join(p for p in (str(PLUGIN_DIR), os.environ.get("PYTHONPATH")) if p)
+}
+POOLED_CLUSTERS = 3
+"""Party clusters kept running per test process (each party is a JAX process, ~250 MB)."""
+
+
+def start_parties(workdir: Path, world_size: int, *, tls: bool = False) -> LocalParties:
+    """Write a cluster file for `world_size` parties on free loopback ports (with dev
+    certificates if `tls`), start one server process per party and wait until all serve."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = ClusterSpec.local(world_size)
+    if tls:
+        spec = with_tls(spec, write_dev_certs(spec, workdir / "certs"))
+    config = workdir / "cluster.yaml"
+    config.write_text(yaml.safe_dump(spec.to_dict()))
+    parties = LocalParties(config, log_dir=workdir / "logs", env=PARTY_ENV)
+    try:
+        parties.start()
+        parties.wait_ready(timeout=120.0)
+    except BaseException:
+        parties.stop(grace=0.0)
+        raise
+    return parties
+
+
+class PartyPool:
+    """Running party clusters by (world size, tls), the least recently used stopped first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._clusters: collections.OrderedDict[tuple[int, bool], LocalParties] = (
+            collections.OrderedDict()
+        )
+        self._root: Path | None = None
+        self._started = 0
+
+    def get(self, world_size: int, *, tls: bool = False) -> LocalParties:
+        key = (world_size, tls)
+        parties = self._clusters.pop(key, None)
+        if parties is not None and not parties.alive():
+            parties.stop(grace=0.0)
+            parties = None
+        if parties is None:
+            while len(self._clusters) >= self.capacity:
+                self._clusters.popitem(last=False)[1].stop(grace=0.0)
+            if self._root is None:
+                self._root = Path(tempfile.mkdtemp(prefix="mpplug-parties-"))
+            self._started += 1
+            workdir = self._root / f"{self._started}-{world_size}{'-tls' if tls else ''}"
+            parties = start_parties(workdir, world_size, tls=tls)
+        self._clusters[key] = parties
+        return parties
+
+    def close(self) -> None:
+        while self._clusters:
+            self._clusters.popitem()[1].stop(grace=0.0)
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
+POOL = PartyPool(POOLED_CLUSTERS)
+atexit.register(POOL.close)
+
+
+@contextlib.contextmanager
+def driven(parties: LocalParties, timeout: float) -> Iterator[Driver]:
+    """A Driver session on `parties`; prints the parties' logs if the body fails."""
+    try:
+        with Driver(parties.config, timeout=timeout) as driver:
+            yield driver
+    except BaseException:
+        print(f"party logs ({parties.log_dir}):\n{parties.logs()}", file=sys.stderr)
+        raise
 
 
 @contextlib.contextmanager
@@ -22,6 +110,19 @@ def simulator_cluster(world_size: int, timeout: float) -> Iterator[Cluster]:
         yield sim
 
 
+@contextlib.contextmanager
+def driver_cluster(world_size: int, timeout: float) -> Iterator[Cluster]:
+    with driven(POOL.get(world_size), timeout) as driver:
+        yield driver
+
+
+@contextlib.contextmanager
+def driver_tls_cluster(world_size: int, timeout: float) -> Iterator[Cluster]:
+    with driven(POOL.get(world_size, tls=True), timeout) as driver:
+        yield driver
+
+
 KINDS: dict[str, Callable[[int, float], contextlib.AbstractContextManager[Cluster]]] = {
     "simulator": simulator_cluster,
+    "driver": driver_cluster,
 }

@@ -10,12 +10,19 @@ import pytest
 
 from mpplug import Cluster
 
-from .clusters import KINDS, PLUGIN_DIR
+from .clusters import KINDS, PLUGIN_DIR, POOL
 
 if str(PLUGIN_DIR) not in sys.path:  # the test plugin is found through its entry points
     sys.path.insert(0, str(PLUGIN_DIR))
 
 DEFAULT_TIMEOUT = 20.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_pooled_parties() -> Iterator[None]:
+    """Party processes pooled by the "driver" kind are stopped when the session ends."""
+    yield
+    POOL.close()
 
 
 @pytest.fixture(params=sorted(KINDS))

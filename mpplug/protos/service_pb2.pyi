@@ -1,0 +1,246 @@
+from mpplug.protos import values_pb2 as _values_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("session", "parties")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    PARTIES_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    parties: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session: _Optional[str] = ..., parties: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class OpenSessionReply(_message.Message):
+    __slots__ = ("party", "rank")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    rank: int
+    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class CloseSessionReply(_message.Message):
+    __slots__ = ("values_dropped",)
+    VALUES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    values_dropped: int
+    def __init__(self, values_dropped: _Optional[int] = ...) -> None: ...
+
+class PutHeader(_message.Message):
+    __slots__ = ("session", "name", "type")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    name: str
+    type: _values_pb2.TensorType
+    def __init__(self, session: _Optional[str] = ..., name: _Optional[str] = ..., type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ...) -> None: ...
+
+class PutChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: PutHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PutReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProgramHeader(_message.Message):
+    __slots__ = ("session", "digest", "size")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    digest: str
+    size: int
+    def __init__(self, session: _Optional[str] = ..., digest: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class ProgramChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: ProgramHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[ProgramHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class LoadProgramReply(_message.Message):
+    __slots__ = ("digest",)
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    def __init__(self, digest: _Optional[str] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("session", "exec_id", "digest", "inputs", "outputs", "timeout", "release")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    exec_id: str
+    digest: str
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    timeout: float
+    release: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session: _Optional[str] = ..., exec_id: _Optional[str] = ..., digest: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., timeout: _Optional[float] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExecuteReply(_message.Message):
+    __slots__ = ("completed", "party_error", "comm_timeout", "aborted", "unavailable")
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    PARTY_ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMM_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    completed: Completed
+    party_error: PartyFailure
+    comm_timeout: CommTimeout
+    aborted: Aborted
+    unavailable: Unavailable
+    def __init__(self, completed: _Optional[_Union[Completed, _Mapping]] = ..., party_error: _Optional[_Union[PartyFailure, _Mapping]] = ..., comm_timeout: _Optional[_Union[CommTimeout, _Mapping]] = ..., aborted: _Optional[_Union[Aborted, _Mapping]] = ..., unavailable: _Optional[_Union[Unavailable, _Mapping]] = ...) -> None: ...
+
+class Completed(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PartyFailure(_message.Message):
+    __slots__ = ("party", "op", "error_type", "message")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    party: int
+    op: str
+    error_type: str
+    message: str
+    def __init__(self, party: _Optional[int] = ..., op: _Optional[str] = ..., error_type: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CommTimeout(_message.Message):
+    __slots__ = ("party", "peer", "key", "timeout")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    party: int
+    peer: int
+    key: str
+    timeout: float
+    def __init__(self, party: _Optional[int] = ..., peer: _Optional[int] = ..., key: _Optional[str] = ..., timeout: _Optional[float] = ...) -> None: ...
+
+class Aborted(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class Unavailable(_message.Message):
+    __slots__ = ("party", "detail")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    detail: str
+    def __init__(self, party: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("session", "exec_id", "reason")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    exec_id: str
+    reason: str
+    def __init__(self, session: _Optional[str] = ..., exec_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AbortReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("session", "name", "release")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    name: str
+    release: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session: _Optional[str] = ..., name: _Optional[str] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FetchChunk(_message.Message):
+    __slots__ = ("type", "data")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    type: _values_pb2.TensorType
+    data: bytes
+    def __init__(self, type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session", "names")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("party", "rank", "world_size", "sessions", "uptime_s")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    rank: int
+    world_size: int
+    sessions: int
+    uptime_s: float
+    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., sessions: _Optional[int] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+
+class PeerHeader(_message.Message):
+    __slots__ = ("exec_id", "op", "src", "dst", "type")
+    EXEC_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    exec_id: str
+    op: int
+    src: int
+    dst: int
+    type: _values_pb2.TensorType
+    def __init__(self, exec_id: _Optional[str] = ..., op: _Optional[int] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ...) -> None: ...
+
+class PeerChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: PeerHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[PeerHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SendReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,56 @@
+"""gRPC channels and server options shared by drivers and parties.
+
+Message limits match the chunking, keepalive finds dead peers within a fraction of the timeout,
+reconnects back off for at most a second, and TLS is used whenever the cluster has it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from mpplug.config import TLSFiles
+from mpplug.remote.streaming import MAX_MESSAGE_BYTES
+from mpplug.remote.tls import channel_credentials
+
+MIN_PING_INTERVAL_MS = 500
+
+
+def keepalive_for(timeout: float) -> float:
+    """Seconds between keepalive pings (and to wait for their ack) for a cluster timeout:
+    a quarter of it, between 1 and 30, so a silent peer is noticed well within the timeout."""
+    return min(max(timeout / 4, 1.0), 30.0)
+
+
+def channel_options(keepalive_s: float) -> list[tuple[str, Any]]:
+    keepalive_ms = int(keepalive_s * 1000)
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", keepalive_ms),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.enable_http_proxy", 0),
+    ]
+
+
+def server_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def open_channel(endpoint: str, tls: TLSFiles | None, keepalive_s: float) -> grpc.Channel:
+    """A channel to `endpoint`, with mutual TLS when `tls` is given."""
+    options = channel_options(keepalive_s)
+    if tls is None:
+        return grpc.insecure_channel(endpoint, options=options)
+    return grpc.secure_channel(endpoint, channel_credentials(tls), options=options)

@@ -1,0 +1,332 @@
+"""`Driver`: the `Cluster` of real parties over gRPC, with the Simulator's interface and errors.
+
+Programs go to each party once per digest; executions fan out in parallel to the parties that
+take part; values stay at the parties until fetched.
+
+Errors: `PartyError` for an error raised on a party, `CommTimeoutError` for a receive that
+waited too long, `PartyUnavailableError` naming a party that cannot be reached, dies mid-run or
+lost the session (it restarted). After any failure the other parties are told to abort.
+
+Timeouts: `timeout` bounds every receive on the parties and every call the driver makes, plus
+time to move the bytes of a transfer; one execution may run for `execute_timeout` (default
+10 x timeout). A party that dies is noticed at once (its connection drops), one that goes
+silent within about timeout/2 (keepalive pings).
+
+Releases: handles the caller drops are released at the parties with the next call to each
+(a GC finalizer only queues their names).
+
+TLS: when the cluster file has TLS paths, the driver dials every party with mutual TLS as
+`tls` if given, otherwise as driver.pem / driver.key found next to the cluster's CA file
+(`mpplug certs` writes them). Parties accept any client certificate signed by the cluster CA.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.core.parties import PartySet
+from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError
+from mpplug.frontend.tracer import Program
+from mpplug.kernels.devices import parse_device_spec
+from mpplug.protos import service_pb2 as pb
+from mpplug.protos import service_pb2_grpc as rpc_pb
+from mpplug.remote.channels import keepalive_for, open_channel
+from mpplug.remote.outcomes import reply_error
+from mpplug.remote.rpc import missing_of, raw_stub, rpc_failure
+from mpplug.remote.streaming import (
+    encode_chunks,
+    fits_one_chunk,
+    read_chunks,
+    receive_tensor,
+    transfer_deadline,
+)
+from mpplug.remote.tls import driver_tls
+from mpplug.runtime import codec
+from mpplug.runtime.cluster import Cluster
+from mpplug.runtime.interpreter import Interpreter
+
+PARTY_SERVICE = pb.DESCRIPTOR.services_by_name["PartyService"]
+
+ABORT_GRACE = 2.0
+"""Seconds to let the other parties unwind after one fails before raising."""
+
+EXECUTE_THREADS_PER_PARTY = 4
+"""Threads making blocking Execute calls; a party still busy after a failure holds one."""
+
+
+def export_platforms(spec: ClusterSpec) -> list[str]:
+    """The `jax.export` platforms the parties run on, from their device fields (cpu default)."""
+    kinds = {parse_device_spec(p.device)[0] if p.device else "cpu" for p in spec.parties}
+    return sorted({"cuda" if kind == "gpu" else kind for kind in kinds})
+
+
+class Driver(Cluster):
+    """The parties of a cluster file (or ClusterSpec), as one `mpplug.Cluster`."""
+
+    def __init__(
+        self,
+        spec_or_path: ClusterSpec | str | Path,
+        *,
+        timeout: float = 60.0,
+        tls: TLSFiles | None = None,
+        execute_timeout: float | None = None,
+    ) -> None:
+        spec = (
+            spec_or_path
+            if isinstance(spec_or_path, ClusterSpec)
+            # with its own certificate given, the driver needs no party's files on this host
+            else ClusterSpec.from_yaml(spec_or_path, files_of=[] if tls is not None else None)
+        )
+        super().__init__(spec.names, timeout, export_platforms(spec))
+        self.spec = spec
+        self.execute_timeout = execute_timeout if execute_timeout is not None else 10 * timeout
+        self.session = uuid.uuid4().hex
+        client_tls = driver_tls(spec, tls)
+        keepalive = keepalive_for(timeout)
+        self._channels = [open_channel(p.endpoint, client_tls, keepalive) for p in spec.parties]
+        self._stubs = [rpc_pb.PartyServiceStub(channel) for channel in self._channels]
+        self._streams = [raw_stub(channel, PARTY_SERVICE) for channel in self._channels]
+        self._shipped: list[set[str]] = [set() for _ in spec.parties]
+        self._participants: dict[str, list[int]] = {}
+        self._sizes: dict[str, int] = {}
+        self._released: collections.deque[tuple[tuple[str, ...], PartySet]] = collections.deque()
+        self._unreleased: list[list[str]] = [[] for _ in spec.parties]
+        self._in_flight: set[grpc.Future] = set()
+        self._release_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(
+            EXECUTE_THREADS_PER_PARTY * spec.world_size, thread_name_prefix="mpplug-driver"
+        )
+        try:
+            self._open_sessions()
+        except BaseException:
+            self._close_channels()
+            raise
+
+    def _fetch_all(self, ranks: list[int], name: str) -> list[np.ndarray[Any, Any]]:
+        calls = [self._pool.submit(self._fetch, rank, name) for rank in ranks]
+        return [call.result() for call in calls]
+
+    # -- sessions -------------------------------------------------------------------------
+    def _open_sessions(self) -> None:
+        request = pb.OpenSessionRequest(session=self.session, parties=self.spec.names)
+        calls = [stub.OpenSession.future(request, timeout=self.timeout) for stub in self._stubs]
+        errors = []
+        for rank, call in enumerate(calls):
+            try:
+                call.result()
+            except grpc.RpcError as exc:
+                errors.append(rpc_failure(exc, self._party_names[rank], "OpenSession"))
+        if errors:
+            self._close_sessions()
+            raise errors[0]
+
+    def _close_sessions(self) -> None:
+        request = pb.CloseSessionRequest(session=self.session)
+        calls = [stub.CloseSession.future(request, timeout=self.timeout) for stub in self._stubs]
+        for call in calls:
+            call.exception()  # best effort: a party that is down has dropped the session anyway
+
+    def _close(self) -> None:
+        self._close_sessions()
+        self._close_channels()
+
+    def _close_channels(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for channel in self._channels:
+            channel.close()
+
+    # -- values ---------------------------------------------------------------------------
+    def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None:
+        header = pb.PutHeader(session=self.session, name=name, type=codec.encode_type(array))
+        chunks = encode_chunks(header, array)
+        deadline = transfer_deadline(self.timeout, array.nbytes)
+        try:
+            if fits_one_chunk(array.nbytes):
+                self._streams[rank].PutSmall(next(chunks), timeout=deadline)
+            else:
+                self._streams[rank].Put(chunks, timeout=deadline)
+        except grpc.RpcError as exc:
+            raise rpc_failure(exc, self._party_names[rank], "Put") from None
+        self._sizes[name] = array.nbytes
+
+    def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
+        party = self._party_names[rank]
+        where = f"value {name!r} fetched from party {party}"
+        request = pb.FetchRequest(session=self.session, name=name, release=self._releases_for(rank))
+        deadline = transfer_deadline(self.timeout, self._sizes.get(name, 0))
+        try:
+            chunks = self._streams[rank].Fetch(request.SerializeToString(), timeout=deadline)
+            header, parts = read_chunks(chunks, pb.FetchChunk, where)
+            return receive_tensor(codec.decode_type(header, where), parts, where)
+        except grpc.RpcError as exc:
+            raise rpc_failure(exc, party, "Fetch") from None
+
+    def _release(self, names: list[str], ranks: PartySet) -> None:
+        # May run in a GC finalizer on any thread: only queue (deque appends are atomic).
+        self._released.append((tuple(names), ranks))
+
+    def _releases_for(self, rank: int) -> list[str]:
+        """Names `rank` may forget, to send along with the next call to it."""
+        with self._release_lock:
+            while self._released:
+                dropped, ranks = self._released.popleft()
+                for name in dropped:
+                    self._sizes.pop(name, None)
+                for r in ranks:
+                    self._unreleased[r].extend(dropped)
+            names, self._unreleased[rank] = self._unreleased[rank], []
+        return names
+
+    def _fire(self, call: grpc.Future) -> None:
+        """Keep an unawaited call alive until it completes (grpc cancels collected calls)."""
+        self._in_flight.add(call)
+        call.add_done_callback(self._in_flight.discard)
+
+    # -- programs -------------------------------------------------------------------------
+    def _ship(self, program: Program, ranks: list[int]) -> None:
+        """Send the program to `ranks` in parallel; raises the first failure."""
+        for sending in [self._pool.submit(self._ship_to, program, rank) for rank in ranks]:
+            sending.result()
+
+    def _ship_to(self, program: Program, rank: int) -> None:
+        """Send the program to `rank` and remember it holds it."""
+        data = program.to_bytes()
+        header = pb.ProgramHeader(session=self.session, digest=program.digest, size=len(data))
+        try:
+            self._streams[rank].LoadProgram(
+                encode_chunks(header, data), timeout=transfer_deadline(self.timeout, len(data))
+            )
+        except grpc.RpcError as exc:
+            raise rpc_failure(exc, self._party_names[rank], "LoadProgram") from None
+        self._shipped[rank].add(program.digest)
+
+    def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None:
+        ranks = self._taking_part(program)
+        self._ship(program, [r for r in ranks if program.digest not in self._shipped[r]])
+        request = pb.ExecuteRequest(
+            session=self.session,
+            exec_id=uuid.uuid4().hex,
+            digest=program.digest,
+            inputs=in_names,
+            outputs=out_names,
+            timeout=self.timeout,
+        )
+        errors = self._execute(program, request, ranks)
+        if errors:
+            self._release(out_names, frozenset(range(self.world_size)))
+            root = [e for _, e in sorted(errors.items()) if not isinstance(e, ExecutionAborted)]
+            raise (root or list(errors.values()))[0]
+        for name, (ttype, _) in zip(out_names, program.output_types, strict=True):
+            self._sizes[name] = ttype.nbytes
+
+    def _taking_part(self, program: Program) -> list[int]:
+        """The ranks with anything to do in `program`; the others are not contacted."""
+        found = self._participants.get(program.digest)
+        if found is None:
+            plans = [Interpreter(program.graph, r) for r in range(self.world_size)]
+            found = [r for r, plan in enumerate(plans) if plan.steps or plan.input_ops]
+            self._participants[program.digest] = found
+        return found
+
+    def _execute(
+        self, program: Program, request: pb.ExecuteRequest, ranks: list[int]
+    ) -> dict[int, MPPlugError]:
+        """Run `request` on parties `ranks` at once; the errors they ended with, by rank.
+
+        The first failure tells every party to abort; the others then get ABORT_GRACE
+        seconds to report before the driver stops waiting for them.
+        """
+        execution = _Execution(ranks)
+        for rank in ranks:
+            self._pool.submit(self._execute_on, rank, program, request, execution)
+        errors = execution.wait(ABORT_GRACE, self.execute_timeout + self.timeout)
+        for rank in execution.silent():  # only if calls could not even start in time
+            errors[rank] = PartyUnavailableError(
+                self._party_names[rank], f"no answer to Execute within {self.execute_timeout:g}s"
+            )
+        return errors
+
+    def _execute_on(
+        self, rank: int, program: Program, request: pb.ExecuteRequest, execution: _Execution
+    ) -> None:
+        mine = pb.ExecuteRequest(release=self._releases_for(rank))
+        mine.MergeFrom(request)
+        party = self._party_names[rank]
+        error: MPPlugError | None = None
+        try:
+            try:
+                reply = self._stubs[rank].Execute(mine, timeout=self.execute_timeout)
+            except grpc.RpcError as exc:
+                if missing_of(exc) != "program":
+                    raise rpc_failure(exc, party, "Execute") from None
+                self._ship_to(program, rank)  # the party restarted or evicted the program
+                reply = self._stubs[rank].Execute(mine, timeout=self.execute_timeout)
+            error = reply_error(reply, party)
+        except grpc.RpcError as exc:
+            error = rpc_failure(exc, party, "Execute")
+        except MPPlugError as exc:
+            error = exc
+        if execution.report(rank, error):
+            self._abort(request, execution.ranks, f"party {party} failed")
+
+    def _abort(self, request: pb.ExecuteRequest, ranks: Iterable[int], reason: str) -> None:
+        abort = pb.AbortRequest(session=self.session, exec_id=request.exec_id, reason=reason)
+        for rank in ranks:
+            self._fire(self._stubs[rank].Abort.future(abort, timeout=self.timeout))
+
+    def __repr__(self) -> str:
+        endpoints = ", ".join(f"{p.name}@{p.endpoint}" for p in self.spec.parties)
+        return f"Driver({endpoints})"
+
+
+class _Execution:
+    """The outcomes of one execution as the parties report them."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks
+        self._pending = set(ranks)
+        self._errors: dict[int, MPPlugError] = {}
+        self._failed_at: float | None = None
+        self._cond = threading.Condition()
+
+    def report(self, rank: int, error: MPPlugError | None) -> bool:
+        """Record how `rank` ended; True for the execution's first failure."""
+        with self._cond:
+            self._pending.discard(rank)
+            first = error is not None and self._failed_at is None
+            if error is not None:
+                self._errors[rank] = error
+                if first:
+                    self._failed_at = time.monotonic()
+            self._cond.notify_all()
+        return first
+
+    def wait(self, grace: float, limit: float) -> dict[int, MPPlugError]:
+        """Wait for every party, but only `grace` seconds after the first failure and at most
+        `limit` seconds in all."""
+        give_up = time.monotonic() + limit
+        with self._cond:
+            while self._pending:
+                if self._failed_at is not None:
+                    give_up = min(give_up, self._failed_at + grace)
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return dict(self._errors)
+
+    def silent(self) -> list[int]:
+        """The ranks that have not reported, if no rank failed."""
+        with self._cond:
+            return sorted(self._pending) if self._failed_at is None else []

@@ -1,0 +1,202 @@
+"""gRPC plumbing: servicers registered so every bad request gets a clear status, and typed
+errors on the client for the statuses a party answers with.
+
+Servicer methods raise `BadRequest`, `NotFound` or `Forbidden`; `handle_errors` turns them into
+INVALID_ARGUMENT, NOT_FOUND and PERMISSION_DENIED with the message. `add_service` decodes
+requests itself, so bytes that are not the expected message are INVALID_ARGUMENT too.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Collection, Iterator
+from types import SimpleNamespace
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from mpplug.errors import (
+    InvalidProgramError,
+    MPPlugError,
+    PartyUnavailableError,
+    WireError,
+)
+from mpplug.runtime.party import UnknownProgramError
+
+MISSING_KEY = "mpplug-missing"
+"""Trailing metadata naming what a NOT_FOUND was about: "session", "program" or "value"."""
+
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_NAME_CHARS = 256
+
+
+class BadRequest(MPPlugError, ValueError):
+    """A request that is malformed or does not fit the program: INVALID_ARGUMENT."""
+
+
+class NotFound(MPPlugError, LookupError):
+    """A session, program or value this party does not hold: NOT_FOUND."""
+
+    def __init__(self, missing: str, message: str) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class Forbidden(MPPlugError, PermissionError):
+    """A caller whose certificate does not allow the request: PERMISSION_DENIED."""
+
+
+def check_id(value: str, field: str) -> str:
+    """A session or execution id: 1-64 letters, digits, '_' or '-'."""
+    if not _ID.match(value):
+        raise BadRequest(f"{field}: expected 1-64 letters, digits, '_' or '-', got {value!r}")
+    return value
+
+
+def check_name(value: str, field: str) -> str:
+    """A value name: non-empty, at most MAX_NAME_CHARS characters."""
+    if not 0 < len(value) <= MAX_NAME_CHARS:
+        raise BadRequest(f"{field}: expected 1-{MAX_NAME_CHARS} characters, got {value!r}")
+    return value
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handle_errors(method: F) -> F:
+    """Map the typed errors a servicer method raises to gRPC status codes."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except NotFound as exc:
+            context.set_trailing_metadata(((MISSING_KEY, exc.missing),))
+            _abort(context, grpc.StatusCode.NOT_FOUND, exc)
+        except UnknownProgramError as exc:
+            context.set_trailing_metadata(((MISSING_KEY, "program"),))
+            _abort(context, grpc.StatusCode.NOT_FOUND, exc)
+        except Forbidden as exc:
+            _abort(context, grpc.StatusCode.PERMISSION_DENIED, exc)
+        except (BadRequest, WireError, InvalidProgramError) as exc:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, exc: Exception) -> NoReturn:
+    context.abort(code, str(exc))
+    raise AssertionError("unreachable: context.abort raises")
+
+
+_HANDLERS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_service(
+    server: grpc.Server, servicer: Any, service: ServiceDescriptor, raw: Collection[str] = ()
+) -> None:
+    """Serve `service` with `servicer`'s methods, decoding each request message ourselves;
+    methods named in `raw` get the serialized bytes (see streaming.read_chunks)."""
+    handlers = {}
+    for method in service.methods:
+        behaviour = getattr(servicer, method.name)
+        if method.name not in raw:
+            request_type = message_factory.GetMessageClass(method.input_type)
+            decoding = _decoding_stream if method.client_streaming else _decoding_unary
+            behaviour = decoding(behaviour, request_type, method.full_name)
+        make = _HANDLERS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(behaviour, response_serializer=_serialize)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _serialize(reply: Message | bytes) -> bytes:
+    """Replies are messages, or bytes a handler serialized itself (see encode_chunks)."""
+    return reply if isinstance(reply, bytes) else reply.SerializeToString()
+
+
+def raw_stub(channel: grpc.Channel, service: ServiceDescriptor) -> SimpleNamespace:
+    """A callable for each method of `service` that sends and returns serialized messages
+    (bytes, or iterators of bytes for streams), for the chunked transfers."""
+    calls = {}
+    for method in service.methods:
+        streams = (method.client_streaming, method.server_streaming)
+        kind = "_".join("stream" if s else "unary" for s in streams)
+        calls[method.name] = getattr(channel, kind)(f"/{service.full_name}/{method.name}")
+    return SimpleNamespace(**calls)
+
+
+def _decode(request_type: type[Message], data: bytes, where: str) -> Any:
+    try:
+        return request_type.FromString(data)
+    except DecodeError as exc:
+        raise WireError(
+            f"{where}: the request does not decode as {request_type.DESCRIPTOR.full_name}: {exc}"
+        ) from None
+
+
+def _decoding_unary(
+    behaviour: Callable[..., Any], request_type: type[Message], where: str
+) -> Callable[..., Any]:
+    def handler(data: bytes, context: grpc.ServicerContext) -> Any:
+        try:
+            request = _decode(request_type, data, where)
+        except WireError as exc:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc)
+        return behaviour(request, context)
+
+    return handler
+
+
+def _decoding_stream(
+    behaviour: Callable[..., Any], request_type: type[Message], where: str
+) -> Callable[..., Any]:
+    def decoded(chunks: Iterator[bytes]) -> Iterator[Any]:
+        for i, data in enumerate(chunks):
+            yield _decode(request_type, data, f"{where} message {i}")
+
+    def handler(chunks: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        return behaviour(decoded(chunks), context)
+
+    return handler
+
+
+def missing_of(exc: grpc.RpcError) -> str | None:
+    """What a NOT_FOUND reply said was missing, if anything."""
+    if not isinstance(exc, grpc.Call) or exc.code() is not grpc.StatusCode.NOT_FOUND:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == MISSING_KEY:
+            return str(value)
+    return None
+
+
+def status_of(exc: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    """The status code and details of a failed call."""
+    if isinstance(exc, grpc.Call):
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.UNKNOWN, str(exc)
+
+
+def rpc_failure(exc: grpc.RpcError, party: str, method: str) -> MPPlugError:
+    """The typed error for a failed call to `party`: PartyUnavailableError when it cannot be
+    reached, did not answer in time or lost our session (it restarted); MPPlugError otherwise."""
+    code, details = status_of(exc)
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return PartyUnavailableError(party, f"{method} failed: {details}")
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return PartyUnavailableError(party, f"{method} got no answer before its deadline")
+    if missing_of(exc) == "session":
+        return PartyUnavailableError(party, f"{method}: {details} (did the party restart?)")
+    return MPPlugError(f"party {party} refused {method}: {code.name}: {details}")
