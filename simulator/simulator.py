@@ -35,11 +35,11 @@ class InMemoryCommunicator(Communicator):
         self._mailboxes = mailboxes
 
     def send(self, key: Key, value: Any) -> None:
-        self._mailboxes[key.dst].deliver(key, codec.to_bytes(value))
+        self._mailboxes[key.dst].deliver(key, codec.to_wire(value))
 
     def recv(self, key: Key, timeout: float) -> Any:
         data = self._mailboxes[self.rank].take(key, timeout)
-        return codec.from_bytes(data, where=f"value {key} at party {self.rank}")
+        return codec.from_wire(data, where=f"value {key} at party {self.rank}")
 
 
 def _parse_world(world: Any) -> tuple[list[str], list[Any]]:
@@ -104,15 +104,15 @@ class Simulator(Cluster):
     # Stores are plain dicts: put and fetch touch them from the caller's thread (an evaluate
     # that wrote a value has finished before its handle exists), still through the codec.
     def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None:
-        self._stores[rank][name] = codec.from_bytes(codec.to_bytes(array), where=f"put {name}")
+        self._stores[rank][name] = codec.from_wire(codec.to_wire(array), where=f"put {name}")
 
     def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
-        return np.asarray(codec.from_bytes(self._load(rank, name), where=f"fetch {name}"))
+        return np.asarray(codec.from_wire(self._load(rank, name), where=f"fetch {name}"))
 
-    def _load(self, rank: int, name: str) -> bytes:
+    def _load(self, rank: int, name: str) -> codec.WireValue:
         if name not in self._stores[rank]:
             raise MPPlugError(f"party {rank} holds no value named {name!r} (released?)")
-        return codec.to_bytes(self._stores[rank][name])
+        return codec.to_wire(self._stores[rank][name])
 
     def _release(self, names: list[str], ranks: PartySet) -> None:
         for rank in ranks:

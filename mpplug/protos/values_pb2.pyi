@@ -50,14 +50,6 @@ class TensorType(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class Tensor(_message.Message):
-    __slots__ = ("type", "data")
-    TYPE_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    type: TensorType
-    data: bytes
-    def __init__(self, type: _Optional[_Union[TensorType, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
-
 class AttrList(_message.Message):
     __slots__ = ("items",)
     ITEMS_FIELD_NUMBER: _ClassVar[int]

@@ -1,10 +1,11 @@
-"""The wire codec for values: arrays <-> protobuf `Tensor` (dtype, shape, raw bytes).
+"""The wire codec for values: arrays <-> a `TensorType` header (dtype, shape) and raw bytes.
 
 Decoding validates the dtype, the rank, the byte length and a size limit; nothing is unpickled.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,6 @@ def encode_type(array: np.ndarray[Any, Any]) -> pb.TensorType:
     return tensor_type_to_proto(TensorType(array.dtype, array.shape))
 
 
-def encode(value: Any) -> pb.Tensor:
-    array = as_host_array(value)
-    return pb.Tensor(type=encode_type(array), data=array.tobytes())
-
-
 def decode_type(msg: pb.TensorType, where: str, max_bytes: int = DEFAULT_MAX_BYTES) -> TensorType:
     """Validate a received type: supported dtype, sane rank, size within `max_bytes`."""
     try:
@@ -52,20 +48,29 @@ def from_buffer(ttype: TensorType, data: Any, where: str) -> np.ndarray[Any, Any
     return np.frombuffer(data, dtype=ttype.dtype.numpy).reshape(ttype.shape)
 
 
-def decode(msg: pb.Tensor, where: str = "tensor", max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    if not msg.HasField("type"):
-        raise WireError(f"{where}: tensor has no type")
-    return from_buffer(decode_type(msg.type, where, max_bytes), msg.data, where)
+@dataclass(frozen=True, slots=True)
+class WireValue:
+    """A value as it crosses a wire: its serialized `TensorType` and its raw bytes.
+
+    Real parties stream exactly this (the header first, then the bytes in chunks); the
+    simulator hands it over in memory.
+    """
+
+    header: bytes
+    data: bytes
 
 
-def to_bytes(value: Any) -> bytes:
-    return encode(value).SerializeToString()
+def to_wire(value: Any) -> WireValue:
+    """Encode a value (one copy of its bytes)."""
+    array = as_host_array(value)
+    return WireValue(encode_type(array).SerializeToString(), array.tobytes())
 
 
-def from_bytes(data: bytes, where: str = "tensor", max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    msg = pb.Tensor()
+def from_wire(wire: WireValue, where: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """Decode and validate a received value; a read-only array over its bytes."""
+    msg = pb.TensorType()
     try:
-        msg.ParseFromString(data)
+        msg.ParseFromString(wire.header)
     except DecodeError as exc:
-        raise WireError(f"{where}: bytes do not decode as a Tensor: {exc}") from None
-    return decode(msg, where, max_bytes)
+        raise WireError(f"{where}: header does not decode as a TensorType: {exc}") from None
+    return from_buffer(decode_type(msg, where, max_bytes), wire.data, where)
