@@ -5,6 +5,7 @@ Programs reach every party as the same bytes; values crossing parties go through
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -13,8 +14,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from mpplug.config import ClusterSpec
 from mpplug.core.parties import PartySet
-from mpplug.errors import ExecutionAborted, MPPlugError
+from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError
 from mpplug.frontend.tracer import Program
 from mpplug.kernels.devices import export_platform
 from mpplug.runtime import codec
@@ -72,11 +74,17 @@ class Simulator(Cluster):
     """A thread-per-party cluster implementing `mpplug.Cluster`.
 
     `world` is a number of parties or a ClusterSpec (names and devices from the spec).
-    `devices="auto"` binds party i to local device i modulo the device count.
+    `devices="auto"` binds party i to local device i modulo the device count. `timeout`
+    bounds every receive; one execution may run for `execute_timeout` (default 10 x timeout).
     """
 
     def __init__(
-        self, world: Any, *, devices: Any = "auto", timeout: float = DEFAULT_TIMEOUT
+        self,
+        world: int | ClusterSpec,
+        *,
+        devices: str | Sequence[Any] | None = "auto",
+        timeout: float = DEFAULT_TIMEOUT,
+        execute_timeout: float | None = None,
     ) -> None:
         names, declared = _parse_world(world)
         bound = _devices(devices, declared)
@@ -96,6 +104,10 @@ class Simulator(Cluster):
         self._workers = [
             ThreadPoolExecutor(1, thread_name_prefix=f"mpplug-party{r}") for r in range(len(names))
         ]
+        self.execute_timeout = execute_timeout if execute_timeout is not None else 10 * timeout
+        # every party must see executions in the same order, or two concurrent evaluates
+        # could each hold a party the other waits for
+        self._submit_lock = threading.Lock()
 
     def devices(self) -> list[Any]:
         """The JAX device each party is bound to (None: JAX's default)."""
@@ -121,19 +133,24 @@ class Simulator(Cluster):
 
     def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None:
         exec_id = uuid.uuid4().hex
-        futures = [
-            worker.submit(
-                self._execute,
-                party,
-                program.to_bytes(),
-                program.digest,
-                exec_id,
-                in_names,
-                out_names,
-            )
-            for party, worker in zip(self._parties, self._workers, strict=True)
-        ]
-        self._wait(futures)
+        with self._submit_lock:
+            futures = [
+                worker.submit(
+                    self._execute,
+                    party,
+                    program.to_bytes(),
+                    program.digest,
+                    exec_id,
+                    in_names,
+                    out_names,
+                )
+                for party, worker in zip(self._parties, self._workers, strict=True)
+            ]
+        try:
+            self._wait(futures, exec_id)
+        except BaseException:
+            self._release(out_names, frozenset(range(self.world_size)))  # partial outputs
+            raise
 
     def _execute(
         self,
@@ -162,10 +179,17 @@ class Simulator(Cluster):
             if value is not None:
                 store[name] = value
 
-    def _wait(self, futures: list[Future[None]]) -> None:
+    def _wait(self, futures: list[Future[None]], exec_id: str) -> None:
         """Wait for every party; after a failure, give the others a short grace to unwind
         (a kernel stuck in a straggler must not hold the caller) and raise the root error."""
-        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        _, pending = wait(futures, timeout=self.execute_timeout, return_when=FIRST_EXCEPTION)
+        if pending and not any(f.done() and f.exception() for f in futures):
+            stuck = next(rank for rank, f in enumerate(futures) if f in pending)
+            for mailbox in self._mailboxes:
+                mailbox.abort(exec_id, f"party {stuck} did not finish in time")
+            raise PartyUnavailableError(
+                self.parties[stuck], f"no answer within {self.execute_timeout:g}s"
+            )
         if pending:
             wait(pending, timeout=ABORT_GRACE)
         errors = [e for f in futures if f.done() and (e := f.exception()) is not None]
@@ -174,8 +198,8 @@ class Simulator(Cluster):
             raise (root or errors)[0]
 
     def _close(self) -> None:
-        for worker in self._workers:
-            worker.shutdown(wait=True, cancel_futures=True)
+        for worker in self._workers:  # a kernel stuck in a party must not hold close()
+            worker.shutdown(wait=False, cancel_futures=True)
         for store in self._stores:
             store.clear()
 

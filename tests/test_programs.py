@@ -185,3 +185,34 @@ def test_malformed_graphs_are_rejected_with_the_op_named():
     msg.ops[2].parties[:] = [9]
     with pytest.raises(InvalidProgramError, match=r"within 0..1, got \[9\]"):
         Graph.from_bytes(msg.SerializeToString())
+
+
+def test_static_arguments_equal_across_types_get_their_own_programs():
+    @mp.function
+    def scaled(x, k):
+        return mp.run_jax(lambda a, s: a * s, x, k)
+
+    with mp.Simulator(1) as sim:
+        x = sim.put(0, np.float32(3.0))
+        two, two_f, true, zero, minus_zero = (
+            sim.evaluate(scaled, x, k) for k in (2, 2.0, True, 0.0, -0.0)
+        )
+        assert two.type == two_f.type == mp.TensorType("f32", ())
+        assert float(sim.fetch(two, party=0)) == float(sim.fetch(two_f, party=0)) == 6.0
+        assert float(sim.fetch(true, party=0)) == 3.0
+        assert np.signbit(sim.fetch(minus_zero, party=0))
+        assert not np.signbit(sim.fetch(zero, party=0))
+        assert sim.compile(scaled, x, 2).digest != sim.compile(scaled, x, True).digest
+
+
+def test_static_key_refuses_values_that_cannot_be_keyed_safely():
+    from mpplug.frontend.tracer import static_key
+
+    class Mutable:
+        pass
+
+    assert static_key(1) != static_key(1.0) != static_key(True)
+    assert static_key(0.0) != static_key(-0.0)
+    assert static_key(Mutable()) is None
+    assert static_key([1]) is None
+    assert static_key(np.sin) is not None and static_key("a") == (str, "a")

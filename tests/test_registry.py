@@ -225,6 +225,23 @@ def test_registering_one_fn_type_twice_by_decorator_names_both_functions():
     assert REGISTRY.lookup(fn_type) is first
 
 
+def test_a_redefined_function_with_the_same_name_is_still_a_clash():
+    fresh = KernelRegistry(group=unique("mpplug.kernels.empty"))
+
+    def make(value: int) -> Any:
+        def kernel(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+            return [value]
+
+        return kernel
+
+    first = make(1)
+    fresh.register("a.op", first)
+    fresh.register("a.op", first)  # the very same function again is harmless
+    with pytest.raises(DuplicateKernelError, match="registered twice"):
+        fresh.register("a.op", make(2))  # same module and qualname, different function
+    assert fresh.lookup("a.op") is first
+
+
 def test_an_explicit_source_is_used_in_clash_messages():
     fresh = KernelRegistry(group=unique("mpplug.kernels.empty"))
     fresh.register("a.op", lambda p, a, r: [], source="the config file")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,13 @@ import pytest
 
 import mpplug as mp
 from mpplug.config import ClusterSpec
-from mpplug.errors import MPPlugError, TraceError, UnsupportedDTypeError
+from mpplug.errors import (
+    MPPlugError,
+    PartyError,
+    PartyUnavailableError,
+    TraceError,
+    UnsupportedDTypeError,
+)
 from simulator import Simulator
 
 
@@ -131,3 +138,84 @@ def test_bad_arguments_get_typed_errors():
 def test_world_size_must_be_positive():
     with pytest.raises(ValueError, match="expected at least one party"):
         Simulator(0)
+
+
+def test_concurrent_evaluates_reach_every_party_in_the_same_order(monkeypatch):
+    """A slow submit widens the race: without one order across parties, two executions
+    would each hold a party the other waits for, until the receive timeout."""
+    import concurrent.futures
+
+    real_submit = concurrent.futures.ThreadPoolExecutor.submit
+
+    def slow_submit(self, *args, **kwargs):
+        time.sleep(0.01)
+        return real_submit(self, *args, **kwargs)
+
+    @mp.function
+    def ping(x):
+        return mp.p2p(1, 0, mp.p2p(0, 1, x))
+
+    with Simulator(2, timeout=2.0) as sim:
+        monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", slow_submit)
+        x = sim.put(0, np.int32(7))
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: sim.fetch(sim.evaluate(ping, x), party=0), range(8)))
+        assert [int(r) for r in results] == [7] * 8
+
+
+def test_a_failed_evaluate_leaves_no_outputs_behind():
+    from mpplug_testkernels import fail_pfunction
+
+    @mp.function
+    def half_fails():
+        ok = mp.run_jax_at(0, lambda: jnp.float32(1.0))
+        x = mp.run_jax_at(1, lambda: jnp.float32(1.0))
+        (bad,) = mp.run_pfunc(fail_pfunction("no"), x)
+        return ok, bad
+
+    with Simulator(2) as sim:
+        for _ in range(3):
+            with pytest.raises(PartyError):
+                sim.evaluate(half_fails)
+        assert sim._stores == [{}, {}]
+
+
+def test_a_stuck_party_is_reported_within_the_execute_timeout():
+    from mpplug_testkernels import sleep_pfunction
+
+    @mp.function
+    def stuck():
+        x = mp.run_jax_at(1, lambda: jnp.float32(1.0))
+        return mp.run_pfunc(sleep_pfunction(5.0), x)
+
+    with Simulator(2, timeout=1.0, execute_timeout=1.0) as sim:
+        start = time.monotonic()
+        with pytest.raises(
+            PartyUnavailableError,
+            match=r"party P1 is unavailable: no answer "
+            r"within 1s",
+        ):
+            sim.evaluate(stuck)
+        assert time.monotonic() - start < 3.0
+
+
+def test_fetched_arrays_belong_to_the_caller():
+    with Simulator(2) as sim:
+        x = sim.put(1, np.arange(3, dtype=np.int32))
+        value = sim.fetch(x, party=1)
+        value += 1  # writable, and not the party's copy
+        np.testing.assert_array_equal(sim.fetch(x, party=1), [0, 1, 2])
+
+
+def test_values_are_freed_after_their_last_use():
+    from mpplug.runtime.interpreter import Interpreter
+
+    @mp.function
+    def chain(x):
+        a = mp.run_jax(lambda v: v + 1, x)
+        b = mp.run_jax(lambda v: v * 2, a)
+        return mp.run_jax(lambda v: v - 1, b)
+
+    program = mp.compile(chain, mp.MPObject(mp.TensorType("f32", (4,)), 0), world_size=1)
+    steps = Interpreter(program.graph, 0).steps
+    assert [[r.op for r in s.drop] for s in steps] == [[0], [1], [2]]

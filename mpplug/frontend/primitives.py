@@ -14,13 +14,13 @@ from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
 from mpplug.errors import TraceError
 from mpplug.frontend.jax_export import is_array_like, jax_export
-from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
+from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder, static_key
 from mpplug.kernels import builtin
+from mpplug.kernels.runtime import LRUCache
 
 Party = int | str
 
-_EXPORT_CACHE_SIZE = 1024
-_export_cache: dict[Any, tuple[PFunction, Any]] = {}
+_export_cache: LRUCache[Any, tuple[PFunction, Any]] = LRUCache(1024)
 
 
 def _call(
@@ -71,21 +71,19 @@ def _export(
 ) -> tuple[PFunction, list[TracedValue], Any]:
     """jax_export, cached on (fn, platforms, tree, static leaves, input types)."""
     in_vars = [leaf for leaf in leaves if isinstance(leaf, TracedValue)]
+
+    def export() -> tuple[PFunction, Any]:
+        pfunc, _, out_tree = jax_export(fn, *args, platforms=builder.platforms, **kwargs)
+        return pfunc, out_tree
+
     signature = tuple(
-        leaf.type if isinstance(leaf, MPObject) else ("static", leaf) for leaf in leaves
+        leaf.type if isinstance(leaf, MPObject) else static_key(leaf) for leaf in leaves
     )
-    key: Any = (fn, builder.platforms, tree, signature)
-    try:
-        cached = _export_cache.get(key)
-    except TypeError:  # an unhashable static leaf: export without caching
-        key, cached = None, None
-    if cached is not None:
-        return cached[0], in_vars, cached[1]
-    pfunc, _, out_tree = jax_export(fn, *args, platforms=builder.platforms, **kwargs)
-    if key is not None:
-        if len(_export_cache) >= _EXPORT_CACHE_SIZE:
-            _export_cache.pop(next(iter(_export_cache)))
-        _export_cache[key] = (pfunc, out_tree)
+    if any(part is None for part in signature) or getattr(type(fn), "__hash__", None) is None:
+        pfunc, out_tree = export()  # a value that cannot be keyed safely: no caching
+    else:
+        key = (fn, builder.platforms, tree, signature)
+        pfunc, out_tree = _export_cache.get_or_create(key, export)
     return pfunc, in_vars, out_tree
 
 

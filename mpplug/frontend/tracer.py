@@ -5,13 +5,16 @@ Primitives append ops to the innermost active `GraphBuilder`; nothing runs while
 
 from __future__ import annotations
 
+import math
 import threading
+import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, update_wrapper
 from typing import Any
 
 import jax
+import numpy as np
 from jax.tree_util import PyTreeDef, keystr
 
 from mpplug.core import PFunction, TensorType
@@ -146,6 +149,27 @@ class GraphBuilder:
             )
         except InvalidProgramError as exc:
             raise TraceError(f"traced program is malformed: {exc}") from None
+
+
+def static_key(leaf: Any) -> Any:
+    """A cache key for a static (non-party) argument that tells values apart by type as well
+    as value (1, 1.0 and True differ, and so do 0.0 and -0.0), or None when the value cannot
+    be keyed safely: unhashable, or hashed by identity (a mutable object may change between
+    calls). Functions are keyed by identity."""
+    kind = type(leaf)
+    if isinstance(
+        leaf, types.FunctionType | types.BuiltinFunctionType | types.MethodType | np.ufunc
+    ):
+        return (kind, leaf)
+    if kind.__hash__ is None or kind.__hash__ is object.__hash__:
+        return None
+    try:
+        hash(leaf)
+    except TypeError:
+        return None
+    if isinstance(leaf, float):
+        return (kind, leaf, math.copysign(1.0, leaf))
+    return (kind, leaf)
 
 
 _state = threading.local()

@@ -84,8 +84,13 @@ class KernelRegistry:
     def _add(self, fn_type: str, entry: _Entry) -> None:
         existing = self._entries.get(fn_type)
         if existing is not None:
-            if existing.source == entry.source:
-                return  # the same distribution seen twice on sys.path
+            same_entry_point = (
+                existing.entry_point is not None
+                and entry.entry_point is not None
+                and existing.source == entry.source
+            )
+            if same_entry_point or (entry.kernel is not None and entry.kernel is existing.kernel):
+                return  # one distribution seen twice on sys.path, or the same function again
             raise DuplicateKernelError(
                 f"fn_type {fn_type!r} is registered twice: by {existing.source} "
                 f"and by {entry.source}"

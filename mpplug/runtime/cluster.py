@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -20,10 +19,13 @@ from mpplug.core import TensorType
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
 from mpplug.errors import MPPlugError, TraceError
-from mpplug.frontend.tracer import MPFunction, Program, trace
+from mpplug.frontend.tracer import MPFunction, Program, static_key, trace
+from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.codec import as_host_array
 
 _cluster_ids = itertools.count()
+
+PROGRAM_CACHE_SIZE = 256
 
 
 class ClusterValue(MPObject):
@@ -55,8 +57,7 @@ class Cluster(ABC):
         self.platforms = tuple(platforms) if platforms is not None else None
         self._id = next(_cluster_ids)
         self._names = itertools.count()
-        self._programs: dict[Any, tuple[Program, list[int]]] = {}
-        self._lock = threading.Lock()
+        self._programs: LRUCache[Any, Program] = LRUCache(PROGRAM_CACHE_SIZE)
         self._closed = False
 
     # -- the public interface -------------------------------------------------------------
@@ -201,37 +202,31 @@ class Cluster(ABC):
     def _traced(
         self, fn: Callable[..., Any], args: tuple[Any, ...]
     ) -> tuple[Program, list[MPObject]]:
+        """The program for `fn(*args)` (traced once per signature) and its party-value
+        arguments, which are exactly the MPObject leaves of `args`, in order."""
+        inputs = [leaf for leaf in jax.tree.leaves(args) if isinstance(leaf, MPObject)]
+
+        def traced() -> Program:
+            return trace(
+                fn,
+                args,
+                world_size=self.world_size,
+                party_names=self._party_names,
+                platforms=self.platforms,
+            )[0]
+
         key = _signature(fn, args)
-        cached = self._programs.get(key) if key is not None else None
-        if cached is not None:
-            program, leaf_positions = cached
-            leaves = jax.tree.leaves(args)
-            return program, [leaves[i] for i in leaf_positions]
-        program, inputs = trace(
-            fn,
-            args,
-            world_size=self.world_size,
-            party_names=self._party_names,
-            platforms=self.platforms,
-        )
-        if key is not None:
-            leaves = jax.tree.leaves(args)
-            positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, MPObject)]
-            with self._lock:
-                self._programs[key] = (program, positions)
+        program = traced() if key is None else self._programs.get_or_create(key, traced)
         return program, inputs
 
 
 def _signature(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """A hashable key for (fn, argument types and placements, static values), or None."""
     leaves, tree = jax.tree.flatten(args)
-    parts = tuple((x.type, x.parties) if isinstance(x, MPObject) else ("static", x) for x in leaves)
-    key = (fn.fn if isinstance(fn, MPFunction) else fn, tree, parts)
-    try:
-        hash(key)
-    except TypeError:
+    parts = tuple((x.type, x.parties) if isinstance(x, MPObject) else static_key(x) for x in leaves)
+    if any(part is None for part in parts):
         return None
-    return key
+    return (fn.fn if isinstance(fn, MPFunction) else fn, tree, parts)
 
 
 def _release_quietly(cluster_ref: weakref.ref[Cluster], name: str, parties: PartySet) -> None:

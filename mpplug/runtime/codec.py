@@ -57,17 +57,19 @@ class WireValue:
     """
 
     header: bytes
-    data: bytes
+    data: bytes | bytearray
 
 
 def to_wire(value: Any) -> WireValue:
-    """Encode a value (one copy of its bytes)."""
+    """Encode a value: one copy of its bytes, into a buffer the receiver may write to."""
     array = as_host_array(value)
-    return WireValue(encode_type(array).SerializeToString(), array.tobytes())
+    data = bytearray(array.nbytes)
+    np.frombuffer(data, dtype=np.uint8)[:] = array.reshape(-1).view(np.uint8)
+    return WireValue(encode_type(array).SerializeToString(), data)
 
 
 def from_wire(wire: WireValue, where: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """Decode and validate a received value; a read-only array over its bytes."""
+    """Decode and validate a received value: an array over its bytes (no copy)."""
     msg = pb.TensorType()
     try:
         msg.ParseFromString(wire.header)

@@ -6,6 +6,7 @@ for SHUFFLE ops through a Communicator. A plan is built once per (graph, rank).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,12 @@ class _Step:
     sends: tuple[tuple[int, ValueRef], ...] = ()
     receive_from: int | None = None
     local: ValueRef | None = None
+    drop: tuple[ValueRef, ...] = ()
+    """Values last used by this step: freed right after it, so peak memory is the live set."""
+
+    @property
+    def uses(self) -> list[ValueRef]:
+        return [*self.args, *(ref for _, ref in self.sends), *filter(None, [self.local])]
 
 
 def describe_op(graph: Graph, op: Op) -> str:
@@ -49,7 +56,8 @@ class Interpreter:
             raise ValueError(f"rank {rank} outside world of {graph.world_size}")
         self.graph = graph
         self.rank = rank
-        self.steps = [s for op in graph.ops if (s := self._plan(op)) is not None]
+        planned = [s for op in graph.ops if (s := self._plan(op)) is not None]
+        self.steps = _with_drops(planned, set(graph.outputs))
         self.input_ops = [op for op in graph.input_ops if rank in op.parties]
 
     def _plan(self, op: Op) -> _Step | None:
@@ -99,23 +107,47 @@ class Interpreter:
                     outs = invoke(fn, *(env[r] for r in step.args), runtime=runtime)
                     for i, value in enumerate(outs):
                         env[ValueRef(op.id, i)] = value
-                    continue
-                for dst, ref in step.sends:
-                    comm.send(Key(exec_id, op.id, rank, dst), env[ref])
-                if step.local is not None:
-                    env[ValueRef(op.id)] = env[step.local]
-                elif step.receive_from is not None:
-                    value = comm.recv(Key(exec_id, op.id, step.receive_from, rank), timeout)
-                    got = TensorType(value.dtype, value.shape)
-                    if got != op.outs[0]:
-                        raise WireError(
-                            f"received {got} from party {step.receive_from}, expected {op.outs[0]}"
-                        )
-                    env[ValueRef(op.id)] = value
+                else:
+                    self._shuffle(step, env, comm, exec_id, timeout)
             except _PASS_THROUGH:
                 raise
             except Exception as exc:
                 raise PartyError(
                     rank, describe_op(self.graph, op), type(exc).__name__, str(exc)
                 ) from exc
+            for ref in step.drop:
+                del env[ref]
         return [env.get(ref) for ref in self.graph.outputs]
+
+    def _shuffle(
+        self,
+        step: _Step,
+        env: dict[ValueRef, Any],
+        comm: Communicator,
+        exec_id: str,
+        timeout: float,
+    ) -> None:
+        op, rank = step.op, self.rank
+        for dst, ref in step.sends:
+            comm.send(Key(exec_id, op.id, rank, dst), env[ref])
+        if step.local is not None:
+            env[ValueRef(op.id)] = env[step.local]
+        elif step.receive_from is not None:
+            value = comm.recv(Key(exec_id, op.id, step.receive_from, rank), timeout)
+            got = TensorType(value.dtype, value.shape)
+            if got != op.outs[0]:
+                raise WireError(
+                    f"received {got} from party {step.receive_from}, expected {op.outs[0]}"
+                )
+            env[ValueRef(op.id)] = value
+
+
+def _with_drops(steps: list[_Step], keep: set[ValueRef]) -> list[_Step]:
+    """Mark on each step the values it uses for the last time (outputs are kept)."""
+    used_later: set[ValueRef] = set(keep)
+    marked = []
+    for step in reversed(steps):
+        last = tuple(dict.fromkeys(r for r in step.uses if r not in used_later))
+        used_later.update(last)
+        marked.append(dataclasses.replace(step, drop=last))
+    return marked[::-1]
