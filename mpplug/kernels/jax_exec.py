@@ -28,11 +28,15 @@ ATTR_PLATFORMS = "jax.platforms"
 ATTR_KEPT_INPUTS = "jax.kept_inputs"
 ATTR_X64 = "jax.x64"
 
+# Private JAX modules, for a cheap structural check of the flatbuffer before JAX walks it;
+# without them (a future JAX) the check is skipped and deserialization errors still apply.
 _flatbuf: Any
-try:  # a cheap structural check of the flatbuffer before jax walks it
+_readable_version: int | None
+try:
     from jax._src.export import serialization_generated as _flatbuf
+    from jax._src.export.serialization import _SERIALIZATION_VERSION as _readable_version
 except ImportError:  # pragma: no cover - layout of a future JAX
-    _flatbuf = None
+    _flatbuf, _readable_version = None, None
 
 
 @dataclass(frozen=True)
@@ -84,12 +88,10 @@ def _precheck_flatbuffer(pfunc: PFunction, body: bytearray) -> None:
             f"{_where(pfunc)}: fn_body ({len(body)} bytes) is not a jax.export artifact "
             f"(vector lengths {too_long} exceed the buffer)"
         )
-    from jax._src.export.serialization import _SERIALIZATION_VERSION as readable
-
-    if not 1 <= version <= readable:
+    if _readable_version is not None and not 1 <= version <= _readable_version:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: serialization version {version}, but JAX {jax.__version__} "
-            f"reads versions 1..{readable}"
+            f"reads versions 1..{_readable_version}"
         )
 
 
