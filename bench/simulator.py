@@ -53,7 +53,7 @@ def pipeline(x: mp.MPObject) -> mp.MPObject:
     return x
 
 
-def main() -> None:
+def main() -> int:
     rows: list[tuple[str, str, str, str]] = []
 
     latency = {}
@@ -138,6 +138,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    return 1 if any(row[3] == "FAIL" for row in rows) else 0
 
 
 def _reference(native: Callable[[jax.Array], jax.Array], x0: np.ndarray) -> np.ndarray:
@@ -148,4 +149,4 @@ def _reference(native: Callable[[jax.Array], jax.Array], x0: np.ndarray) -> np.n
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

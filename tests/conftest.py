@@ -1,4 +1,7 @@
-"""Shared fixtures: the `make_cluster` factory over every cluster kind, and the test plugin."""
+"""Shared fixtures: the `make_cluster` factory over every cluster kind, and the test plugin.
+
+The plugin folder goes on sys.path so its kernels are found through entry points.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The committed protobuf and gRPC modules are exactly what scripts/gen_protos.py generates."""
+"""The committed protobuf and gRPC modules are exactly what scripts/gen_protos.py generates.
+
+A .proto edited without regenerating fails here.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Every tutorial runs to completion as a newcomer would run it (`python tutorials/X.py`)."""
+"""Every tutorial runs to completion as a newcomer would run it (`python tutorials/X.py`).
+
+The quickstart must also give the right answer.
+"""
 
 from __future__ import annotations
 
@@ -29,10 +32,5 @@ def test_tutorial_runs(tutorial: Path):
     )
     assert done.returncode == 0, f"{tutorial.name} failed:\n{done.stdout}\n{done.stderr}"
     assert done.stdout.strip(), f"{tutorial.name} printed nothing"
-
-
-def test_quickstart_answers_the_millionaires_question():
-    done = subprocess.run(
-        [sys.executable, str(TUTORIALS[0])], capture_output=True, text=True, timeout=240
-    )
-    assert "Is Bob richer than Alice? True" in done.stdout, done.stderr
+    if tutorial.name == "00_quickstart.py":
+        assert "Is Bob richer than Alice? True" in done.stdout

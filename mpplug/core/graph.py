@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NoReturn
 
 from google.protobuf.message import DecodeError
 
@@ -201,7 +203,7 @@ def _from_proto(msg: pb.Graph) -> Graph:
 
 
 def _validate(graph: Graph) -> None:
-    def fail(where: str, message: str) -> None:
+    def fail(where: str, message: str) -> NoReturn:
         raise InvalidProgramError(f"program {graph.name!r}, {where}: {message}")
 
     n = graph.world_size
@@ -264,9 +266,9 @@ def _validate(graph: Graph) -> None:
         check_ref(f"output {j}", ref, len(graph.ops))
 
 
-def _validate_shuffle(graph: Graph, op: Op, fail: object) -> None:
-    def bad(message: str) -> None:
-        fail(f"op %{op.id}", message)  # type: ignore[operator]
+def _validate_shuffle(graph: Graph, op: Op, fail: Callable[[str, str], NoReturn]) -> None:
+    def bad(message: str) -> NoReturn:
+        fail(f"op %{op.id}", message)
 
     if not op.inputs or len(op.outs) != 1:
         bad("a shuffle takes at least one operand and has one output")

@@ -74,7 +74,7 @@ def jax_export(
     try:
         in_types = [TensorType(v.dtype, v.shape) for v in in_vars]
     except Exception as exc:
-        raise TraceError(f"{_name(fn)}: unsupported input: {exc}") from None
+        raise TraceError(f"{function_name(fn)}: unsupported input: {exc}") from None
     out_trees: list[PyTreeDef] = []
 
     def flat_fn(*values: Any) -> tuple[Any, ...]:
@@ -86,7 +86,7 @@ def jax_export(
         out_trees.append(out_tree)
         return tuple(out_leaves)
 
-    flat_fn.__name__ = flat_fn.__qualname__ = _name(fn)
+    flat_fn.__name__ = flat_fn.__qualname__ = function_name(fn)
     x64 = bool(jax.config.read("jax_enable_x64")) or any(t.dtype.is_64bit for t in in_types)
     specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in in_types]
     target = _platforms(fn, platforms)
@@ -95,10 +95,10 @@ def jax_export(
         try:
             outs_info = tuple(TensorType(a.dtype, a.shape) for a in exported.out_avals)
         except Exception as exc:
-            raise TraceError(f"{_name(fn)}: unsupported output: {exc}") from None
+            raise TraceError(f"{function_name(fn)}: unsupported output: {exc}") from None
         body = bytes(exported.serialize())
     if not out_trees:
-        raise InvalidPFunctionError(f"{_name(fn)}: export did not trace the function")
+        raise InvalidPFunctionError(f"{function_name(fn)}: export did not trace the function")
     attrs = {
         jax_exec.ATTR_JAX_VERSION: jax.__version__,
         jax_exec.ATTR_CALLING_CONVENTION: exported.calling_convention_version,
@@ -106,7 +106,7 @@ def jax_export(
         jax_exec.ATTR_KEPT_INPUTS: tuple(sorted(exported.module_kept_var_idx)),
         jax_exec.ATTR_X64: x64,
     }
-    pfunc = PFunction(jax_exec.FN_TYPE, _name(fn), body, tuple(in_types), outs_info, attrs)
+    pfunc = PFunction(jax_exec.FN_TYPE, function_name(fn), body, tuple(in_types), outs_info, attrs)
     return pfunc, in_vars, out_trees[-1]
 
 
@@ -121,12 +121,13 @@ def _platforms(fn: Callable[..., Any], platforms: Sequence[str] | None) -> tuple
     unknown = [p for p in names if p not in EXPORT_PLATFORMS]
     if not names or unknown or len(set(names)) != len(names):
         raise TraceError(
-            f"{_name(fn)}: expected platforms to be distinct names among "
+            f"{function_name(fn)}: expected platforms to be distinct names among "
             f"{', '.join(EXPORT_PLATFORMS)}, got {platforms!r}"
         )
     return names
 
 
-def _name(fn: Callable[..., Any]) -> str:
+def function_name(fn: Callable[..., Any]) -> str:
+    """A function's name for messages and PFunction records ("lambda" for lambdas)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     return "lambda" if name == "<lambda>" else name

@@ -13,7 +13,7 @@ from mpplug.core.graph import OpKind
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
 from mpplug.errors import TraceError
-from mpplug.frontend.jax_export import is_array_like, jax_export
+from mpplug.frontend.jax_export import function_name, is_array_like, jax_export
 from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder, static_key
 from mpplug.kernels import builtin
 from mpplug.kernels.runtime import LRUCache
@@ -93,25 +93,25 @@ def run_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     holders = [v.parties for v in jax.tree.leaves((args, kwargs)) if isinstance(v, MPObject)]
     if not holders:
         raise TraceError(
-            f"mp.run_jax({_name(fn)}): no party-value argument tells where to run; "
+            f"mp.run_jax({function_name(fn)}): no party-value argument tells where to run; "
             f"use mp.run_jax_at(party, ...)"
         )
     parties = frozenset.intersection(*holders)
     if not parties:
         held = ", ".join(format_parties(h) for h in holders)
         raise TraceError(
-            f"mp.run_jax({_name(fn)}): no party holds every argument (held by {held}); "
+            f"mp.run_jax({function_name(fn)}): no party holds every argument (held by {held}); "
             f"move values with mp.p2p or use mp.run_jax_at"
         )
-    return _placed_jax(builder, f"mp.run_jax({_name(fn)})", parties, fn, args, kwargs)
+    return _placed_jax(builder, f"mp.run_jax({function_name(fn)})", parties, fn, args, kwargs)
 
 
 def run_jax_at(party: Party, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run JAX `fn` at one party; its party-value arguments must be held there."""
     builder = current_builder("run_jax_at")
-    rank = builder.resolve_party(party, f"mp.run_jax_at({party!r}, {_name(fn)})")
+    rank = builder.resolve_party(party, f"mp.run_jax_at({party!r}, {function_name(fn)})")
     return _placed_jax(
-        builder, f"mp.run_jax_at({rank}, {_name(fn)})", frozenset({rank}), fn, args, kwargs
+        builder, f"mp.run_jax_at({rank}, {function_name(fn)})", frozenset({rank}), fn, args, kwargs
     )
 
 
@@ -239,11 +239,6 @@ def converge(*xs: MPObject) -> TracedValue:
         raise TraceError("mp.converge: expected at least one party value, got none")
     union = sorted(frozenset().union(*(builder.value(x, "mp.converge").parties for x in xs)))
     return shuffle_static(list(xs), {p: p for p in union})
-
-
-def _name(fn: Any) -> str:
-    name = getattr(fn, "__name__", type(fn).__name__)
-    return "lambda" if name == "<lambda>" else name
 
 
 __all__ = [

@@ -1,1 +1,4 @@
-"""Protocol buffer definitions and their generated Python modules (do not edit *_pb2*)."""
+"""Protocol buffer definitions (*.proto) and their generated Python modules.
+
+Never edit the *_pb2* files: change a .proto and run `python scripts/gen_protos.py`.
+"""
