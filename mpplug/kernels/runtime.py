@@ -30,6 +30,11 @@ class LRUCache(Generic[K, V]):
     def get_or_create(self, key: K, create: Callable[[], V]) -> V:
         """The cached value for `key`; when missing, one caller creates it (outside the cache
         lock) while concurrent callers for the same key wait for that value."""
+        try:  # the hot path, lock-free: each OrderedDict call is atomic under the GIL
+            self._data.move_to_end(key)
+            return self._data[key]
+        except KeyError:
+            pass
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)
