@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(serve)
     serve.add_argument("--party", required=True, help="the name of the party to run")
     _timeout_arg(serve)
+    _session_idle_arg(serve)
     serve.set_defaults(command=_serve)
 
     up = commands.add_parser(
@@ -91,15 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for every party to serve (default 120)",
     )
     _timeout_arg(up)
+    _session_idle_arg(up)
     up.set_defaults(command=_up)
 
     status = commands.add_parser(
         "status",
         help="each party's health and open sessions",
         description="Ask every party of the file for its health and open sessions; "
-        "exit 1 if any is not serving.",
+        "exit 1 if any is not serving. With TLS it presents --cert/--key, else driver.pem/"
+        "driver.key next to the CA, else the files of a party whose key is on this host.",
     )
     _config_arg(status)
+    status.add_argument("--cert", type=Path, help="client certificate (PEM) to present")
+    status.add_argument("--key", type=Path, help="the key of --cert (PEM)")
+    status.add_argument("--ca", type=Path, help="the cluster CA (PEM; default: the cluster file's)")
     status.add_argument(
         "--timeout", type=float, default=3.0, help="seconds to wait for each party (default 3)"
     )
@@ -138,6 +144,18 @@ def _timeout_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _session_idle_arg(parser: argparse.ArgumentParser) -> None:
+    from mpplug.remote.session import DEFAULT_IDLE_TIMEOUT
+
+    parser.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT,
+        help=f"seconds a driver's session may go without a call before the party closes it "
+        f"and frees its values (default {DEFAULT_IDLE_TIMEOUT:g})",
+    )
+
+
 def _error(exc: BaseException) -> None:
     print(f"mpplug: error: {exc}", file=sys.stderr, flush=True)
 
@@ -152,10 +170,15 @@ def _serve(args: argparse.Namespace) -> int:
     spec = ClusterSpec.from_yaml(args.config, files_of=[args.party])
     if args.party not in spec.names:
         raise ConfigError(f"{args.config}: no party named {args.party!r}; parties: {spec.names}")
-    from mpplug.remote import server
+    from mpplug.remote.server import PartyServer, serve_forever
 
-    argv = ["--config", str(args.config), "--party", args.party, "--timeout", str(args.timeout)]
-    return server.main(argv)
+    server = PartyServer(
+        spec,
+        args.party,
+        timeout=args.timeout,
+        session_idle_timeout=args.session_idle_timeout,
+    )
+    return serve_forever(server)
 
 
 # -- up ---------------------------------------------------------------------------------------
@@ -164,7 +187,12 @@ def _up(args: argparse.Namespace) -> int:
 
     spec = ClusterSpec.from_yaml(args.config)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="mpplug-up-"))
-    parties = LocalParties(args.config, log_dir=log_dir, timeout=args.timeout)
+    parties = LocalParties(
+        args.config,
+        log_dir=log_dir,
+        timeout=args.timeout,
+        session_idle_timeout=args.session_idle_timeout,
+    )
     with _StopSignals() as signals:
         try:
             _say(f"starting {spec.world_size} parties from {args.config}; logs in {log_dir}")
@@ -224,8 +252,9 @@ class _StopSignals:
 def _status(args: argparse.Namespace) -> int:
     from mpplug.remote.status import query_status
 
-    spec = ClusterSpec.from_yaml(args.config)
-    tls = _client_tls(spec)
+    # only the client's files need be on this host, not every party's
+    spec = ClusterSpec.from_yaml(args.config, files_of=[])
+    tls = _client_tls(spec, args.ca, args.cert, args.key)
     with ThreadPoolExecutor(spec.world_size) as pool:
         statuses = list(
             pool.map(lambda name: query_status(spec, name, args.timeout, tls=tls), spec.names)
@@ -243,14 +272,33 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK if all(s.serving for s in statuses) else EXIT_FAILURE
 
 
-def _client_tls(spec: ClusterSpec) -> TLSFiles | None:
-    """Dial as the driver (driver.pem next to the CA) when there is one, else as each party."""
-    from mpplug.remote.tls import driver_tls
+def _client_tls(
+    spec: ClusterSpec, ca: Path | None, cert: Path | None, key: Path | None
+) -> TLSFiles | None:
+    """The files `status` dials with: `cert` and `key` if given, else driver.pem/driver.key
+    next to the CA, else those of the first party whose certificate and key are on this host;
+    None without TLS."""
+    from mpplug.remote.tls import DRIVER_CERT, DRIVER_KEY
 
-    try:
-        return driver_tls(spec, None)
-    except ConfigError:
+    if (cert is None) != (key is None):
+        raise ConfigError("--cert and --key go together: pass both or neither")
+    if spec.parties[0].tls is None:
+        if cert is not None or ca is not None:
+            raise ConfigError("--ca/--cert/--key were given, but the cluster file has no tls")
         return None
+    ca = ca if ca is not None else spec.parties[0].tls.ca
+    if cert is not None and key is not None:
+        return TLSFiles(ca, cert, key)
+    candidates = [(ca.parent / DRIVER_CERT, ca.parent / DRIVER_KEY)]
+    candidates += [(p.tls.cert, p.tls.key) for p in spec.parties if p.tls is not None]
+    for found_cert, found_key in candidates:
+        if found_cert.is_file() and found_key.is_file():
+            return TLSFiles(ca, found_cert, found_key)
+    raise ConfigError(
+        f"the cluster uses TLS, so status needs a client certificate signed by its CA: pass "
+        f"--cert and --key, or put {DRIVER_CERT} and {DRIVER_KEY} next to {ca}; no party's "
+        f"certificate and key are on this host either"
+    )
 
 
 def _or_dash(value: Any) -> str:

@@ -3,6 +3,7 @@
 Each kind is a context manager factory `(world_size, timeout) -> Cluster`; every kind must
 give identical results on the same program. The "driver" kind runs real party processes on
 free loopback ports; they are pooled across tests (a fresh Driver session per test).
+`in_process` runs party servers inside the test process, for tests that set their limits.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -24,6 +26,7 @@ from mpplug.config import ClusterSpec
 from mpplug.remote.certs import with_tls, write_dev_certs
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
+from mpplug.remote.server import PartyServer
 from simulator import Simulator
 
 PLUGIN_DIR = Path(__file__).parent / "plugins"
@@ -102,6 +105,22 @@ def driven(parties: LocalParties, timeout: float) -> Iterator[Driver]:
     except BaseException:
         print(f"party logs ({parties.log_dir}):\n{parties.logs()}", file=sys.stderr)
         raise
+
+
+@contextlib.contextmanager
+def in_process(
+    spec: ClusterSpec, names: Sequence[str] | None = None, **options: Any
+) -> Iterator[list[PartyServer]]:
+    """Party servers for `names` of `spec` (default: all) in this process, with `options`
+    for PartyServer; each is stopped afterwards, even when the body fails."""
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for name in names if names is not None else spec.names:
+            server = PartyServer(spec, name, **options)
+            server.start()
+            stack.callback(server.stop, 0.0)
+            servers.append(server)
+        yield servers
 
 
 @contextlib.contextmanager

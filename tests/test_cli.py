@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -28,6 +29,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import mpplug
 from mpplug.cli import main
 from mpplug.config import ClusterSpec, free_port
+from mpplug.remote.certs import with_tls, write_dev_certs
+
+from .clusters import in_process
 
 CLI = [sys.executable, "-m", "mpplug"]
 READY_S = 90.0
@@ -323,9 +327,11 @@ def test_certs_into_a_file_is_a_runtime_error(tmp_path: Path, capsys: pytest.Cap
 
 
 # -- up and status ----------------------------------------------------------------------------
-def start_up(spawn: type[Spawned], config: Path, log_dir: Path) -> tuple[Spawned, dict[str, int]]:
+def start_up(
+    spawn: type[Spawned], config: Path, log_dir: Path, *options: str
+) -> tuple[Spawned, dict[str, int]]:
     """`mpplug up` serving; returns it and the party pids it printed."""
-    up = spawn("up", "--config", config, "--log-dir", log_dir, "--timeout", "10")
+    up = spawn("up", "--config", config, "--log-dir", log_dir, "--timeout", "10", *options)
     up.wait_for(r"parties serving")
     pids = {}
     for line in up.lines:
@@ -338,7 +344,7 @@ def start_up(spawn: type[Spawned], config: Path, log_dir: Path) -> tuple[Spawned
 def test_up_serves_every_party_and_sigterm_stops_them_all(tmp_path: Path, spawn: type[Spawned]):
     config = write_cluster(tmp_path, ["alice", "bob"])
     spec = ClusterSpec.from_yaml(config)
-    up, pids = start_up(spawn, config, tmp_path / "logs")
+    up, pids = start_up(spawn, config, tmp_path / "logs", "--session-idle-timeout", "45")
     assert set(pids) == {"alice", "bob"}, up.output()
     assert set(pids.values()) == server_pids(str(config))
     for rank, party in enumerate(spec.parties):
@@ -360,7 +366,7 @@ def test_up_serves_every_party_and_sigterm_stops_them_all(tmp_path: Path, spawn:
     assert not [pid for pid in pids.values() if alive(pid)]
     assert not server_pids(str(config))
     assert health(spec.parties[0].endpoint, timeout=0.5) == "UNAVAILABLE"
-    assert (tmp_path / "logs" / "alice.log").read_text()
+    assert "idle sessions close after 45s" in (tmp_path / "logs" / "alice.log").read_text()
 
 
 def test_up_stops_the_rest_when_a_party_dies(tmp_path: Path, spawn: type[Spawned]):
@@ -415,11 +421,74 @@ def test_status_of_parties_that_are_down_exits_1(tmp_path: Path):
 def test_serve_shuts_down_cleanly_on(tmp_path: Path, spawn: type[Spawned], sig: signal.Signals):
     config = write_cluster(tmp_path, ["alice", "bob"])
     endpoint = ClusterSpec.from_yaml(config).party("bob").endpoint
-    serve = spawn("serve", "--config", config, "--party", "bob")
-    serve.wait_for(r"party bob \(rank 1 of 2\) serving on")
+    serve = spawn("serve", "--config", config, "--party", "bob", "--session-idle-timeout", "30")
+    ready = serve.wait_for(r"party bob \(rank 1 of 2\) serving on")
+    assert ready.endswith("; idle sessions close after 30s"), ready
     wait_until(lambda: health(endpoint) == "SERVING", READY_S, "bob serving")
     serve.process.send_signal(sig)
     assert serve.finish() == 0, serve.output()
     assert f"party bob: {sig.name}, shutting down" in serve.output()
     assert "Traceback" not in serve.output()
     assert health(endpoint, timeout=0.5) == "UNAVAILABLE"
+
+
+def test_serve_reports_an_address_it_cannot_bind_as_one_error_line(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "cluster.yaml"
+        endpoint = f"127.0.0.1:{port}"
+        bob = {"name": "bob", "endpoint": endpoint, "listen": endpoint}
+        config.write_text(yaml.safe_dump({"parties": [bob, {"name": "alice", "endpoint": "x:1"}]}))
+        done = run_cli("serve", "--config", config, "--party", "bob")
+    assert done.returncode == 2
+    ours = [line for line in done.stderr.splitlines() if "mpplug" in line]  # not gRPC's own log
+    assert len(ours) == 1 and ours[0].startswith(
+        f"mpplug: error: party bob: cannot listen on {endpoint}: "
+    ), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# -- status on a party's host -----------------------------------------------------------------
+def _host_with(tmp_path: Path, certs: Path, keep: list[str]) -> Path:
+    """A host's folder: the cluster file with every party's tls block, but only `keep`."""
+    host = tmp_path / f"host-{'-'.join(keep) or 'bare'}"
+    host.mkdir()
+    for name in keep:
+        shutil.copy(certs / name, host / name)
+    data = {"parties": []}
+    for party in ClusterSpec.from_yaml(certs / "cluster.yaml").parties:
+        tls = {"ca": "ca.pem", "cert": f"{party.name}.pem", "key": f"{party.name}.key"}
+        data["parties"].append({"name": party.name, "endpoint": party.endpoint, "tls": tls})
+    config = host / "cluster.yaml"
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def test_status_runs_on_a_host_that_holds_only_its_own_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    spec = ClusterSpec.local(["alice", "bob"])
+    certs = tmp_path / "certs"
+    spec = with_tls(spec, write_dev_certs(spec, certs))
+    (certs / "cluster.yaml").write_text(yaml.safe_dump(spec.to_dict()))
+    alice = _host_with(tmp_path, certs, ["ca.pem", "alice.pem", "alice.key"])
+    bare = _host_with(tmp_path, certs, ["ca.pem"])
+    with in_process(spec):
+        for args in [
+            [],  # alice's own certificate, found on this host
+            ["--cert", str(alice.parent / "alice.pem"), "--key", str(alice.parent / "alice.key")],
+        ]:
+            assert main(["status", "--config", str(alice), "--json", *args]) == 0
+            records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+            assert [(r["party"], r["health"]) for r in records] == [
+                ("alice", "SERVING"),
+                ("bob", "SERVING"),
+            ]
+        assert main(["status", "--config", str(bare)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("mpplug: error: the cluster uses TLS, so status needs a client ")
+        assert "pass --cert and --key" in err
+        assert main(["status", "--config", str(bare), "--cert", "x.pem"]) == 2
+        assert "--cert and --key go together" in capsys.readouterr().err

@@ -131,15 +131,21 @@ def test_a_party_server_reports_a_taken_port_and_stops_cleanly():
     spec = ClusterSpec.local(1)
     first = PartyServer(spec, "P0", timeout=5.0)
     first.start()
+    second = PartyServer(spec, "P0")
     try:
         assert first.port == spec.parties[0].port
         with pytest.raises(ConfigError, match=r"party P0: cannot listen on 127\.0\.0\.1:"):
-            PartyServer(spec, "P0").start()
+            second.start()
         assert query_status(spec, "P0").serving
     finally:
         first.stop(grace=0.5)
     first.wait()
     assert query_status(spec, "P0", timeout=1.0).health == "UNREACHABLE"
+    second.start()  # the failed start left nothing behind: the port is free, the server fresh
+    try:
+        assert query_status(spec, "P0").serving
+    finally:
+        second.stop(grace=0.0)
 
 
 def test_the_server_command_explains_a_bad_cluster_file(tmp_path):
@@ -209,6 +215,7 @@ def test_put_with_a_bad_type_is_invalid_argument(driver, stub, ttype, message):
 def test_every_call_naming_an_unknown_session_is_not_found(stub):
     calls = [
         lambda: stub.CloseSession(pb.CloseSessionRequest(session="nope"), timeout=5.0),
+        lambda: stub.KeepAlive(pb.KeepAliveRequest(session="nope"), timeout=5.0),
         lambda: stub.PutSmall(_put("nope", "x", F32_3, b"\0" * 12)[0], timeout=5.0),
         lambda: list(stub.Fetch(pb.FetchRequest(session="nope", name="x"), timeout=5.0)),
         lambda: stub.Release(pb.ReleaseRequest(session="nope", names=["x"]), timeout=5.0),
@@ -248,6 +255,22 @@ def test_garbage_program_bytes_are_invalid_argument(driver, stub):
     chunk.header.digest = "0" * 64
     mismatch = _error(stub.LoadProgram, iter([chunk]), timeout=5.0)
     assert "the bytes received have digest" in mismatch.details()
+    assert f"the header says {'0' * 64}" in mismatch.details()
+
+
+def test_program_bytes_that_are_not_canonical_are_refused(driver, stub):
+    x = driver.put(0, np.float32(1.0))
+    program = driver.compile(add_one, x)
+    odd = program.to_bytes() + b"\x98\x06\x01"  # an unknown field 99: the same program
+    header = pb.ProgramHeader(
+        session=driver.session, digest=hashlib.sha256(odd).hexdigest(), size=len(odd)
+    )
+    error = _error(stub.LoadProgram, iter([pb.ProgramChunk(header=header, data=odd)]), timeout=5.0)
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        f"expected the program's canonical bytes (Graph.to_bytes(), digest {program.digest})"
+        in (error.details())
+    )
 
 
 def test_execute_checks_the_program_the_arguments_and_their_types(driver, stub):
@@ -286,9 +309,9 @@ def test_execute_checks_the_program_the_arguments_and_their_types(driver, stub):
 def test_peer_values_with_impossible_routing_are_refused(channel):
     peer = rpc_pb.PeerServiceStub(channel)
     for header, message in [
-        (pb.PeerHeader(exec_id="e1", op=1, src=1, dst=1), "this is party 0, not 1"),
-        (pb.PeerHeader(exec_id="e1", op=1, src=0, dst=0), "a source among the other parties"),
-        (pb.PeerHeader(exec_id="e1", op=1, src=7, dst=0), "a source among the other parties"),
+        (pb.PeerHeader(exec_id="s1:e1", op=1, src=1, dst=1), "this is party 0, not 1"),
+        (pb.PeerHeader(exec_id="s1:e1", op=1, src=0, dst=0), "a source among the other parties"),
+        (pb.PeerHeader(exec_id="s1:e1", op=1, src=7, dst=0), "a source among the other parties"),
         (pb.PeerHeader(exec_id="../x", op=1, src=1, dst=0), "exec_id: expected"),
     ]:
         header.type.CopyFrom(F32_3)

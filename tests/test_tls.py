@@ -26,6 +26,7 @@ from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.certs import with_tls, write_dev_certs
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
+from mpplug.remote.server import PartyServer
 from mpplug.remote.status import query_status
 from mpplug.remote.tls import channel_credentials, driver_tls
 
@@ -154,13 +155,38 @@ def test_clients_without_a_certificate_from_the_cluster_ca_are_refused(tls_parti
 
 def test_a_peer_value_must_come_from_the_party_its_certificate_names(tls_parties):
     spec = tls_parties.spec
-    header = pb.PeerHeader(exec_id="e1", op=1, src=1, dst=0, type=F32)
+    header = pb.PeerHeader(exec_id="s1:e1", op=1, src=1, dst=0, type=F32)
     chunk = pb.PeerChunk(header=header, data=np.float32(1).tobytes())
     for who, files in [("P0", spec.parties[0].tls), ("driver", driver_tls(spec, None))]:
         channel = grpc.secure_channel(spec.parties[0].endpoint, channel_credentials(files))
         with channel, pytest.raises(grpc.RpcError) as info:
             rpc_pb.PeerServiceStub(channel).SendSmall(chunk, timeout=5.0)
         assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
-        assert f"claims to come from 'P1', but the caller's certificate names '{who}'" in (
-            info.value.details()
-        )
+        assert (
+            f"party 0 accepts values only from the other parties ['P1'], but the caller's "
+            f"certificate names '{who}'"
+        ) in info.value.details()
+
+
+def test_bad_pem_files_stop_a_party_or_driver_at_start_naming_the_file(tmp_path):
+    spec = ClusterSpec.local(2)
+    files = write_dev_certs(spec, tmp_path)
+    spec = with_tls(spec, files)
+    p0 = files["P0"]
+    original = {path: path.read_bytes() for path in (p0.ca, p0.cert, p0.key)}
+    cases = [
+        (p0.key, b"not a key", rf"TLS key {p0.key}: expected an unencrypted PEM private key"),
+        (p0.key, files["P1"].key.read_bytes(), rf"TLS key {p0.key} is not the key of certificate"),
+        (p0.cert, b"", rf"TLS certificate {p0.cert}: expected PEM certificates"),
+        (p0.ca, b"-----BEGIN CERTIFICATE-----\nAAAA\n", rf"TLS CA certificate {p0.ca}: expected"),
+    ]
+    for path, content, message in cases:
+        path.write_bytes(content)
+        try:
+            with pytest.raises(ConfigError, match=message):
+                PartyServer(spec, "P0")
+            with pytest.raises(ConfigError, match=message):
+                Driver(spec, tls=p0)
+        finally:
+            path.write_bytes(original[path])
+    PartyServer(spec, "P0")  # all good again

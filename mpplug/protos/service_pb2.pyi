@@ -16,12 +16,24 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., parties: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
-    __slots__ = ("party", "rank")
+    __slots__ = ("party", "rank", "idle_timeout")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     party: str
     rank: int
-    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+    idle_timeout: float
+    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., idle_timeout: _Optional[float] = ...) -> None: ...
+
+class KeepAliveRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class KeepAliveReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session",)

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class PartyServiceStub:
-    """What a driver asks of one party. Every call but Status names the driver's session.
+    """What a driver asks of one party. Every call but Status names the driver's session, and
+    renews its lease: a session no call names for the party's idle timeout is closed.
     """
 
     def __init__(self, channel):
@@ -39,6 +40,11 @@ class PartyServiceStub:
                 '/mpplug.PartyService/OpenSession',
                 request_serializer=mpplug_dot_protos_dot_service__pb2.OpenSessionRequest.SerializeToString,
                 response_deserializer=mpplug_dot_protos_dot_service__pb2.OpenSessionReply.FromString,
+                _registered_method=True)
+        self.KeepAlive = channel.unary_unary(
+                '/mpplug.PartyService/KeepAlive',
+                request_serializer=mpplug_dot_protos_dot_service__pb2.KeepAliveRequest.SerializeToString,
+                response_deserializer=mpplug_dot_protos_dot_service__pb2.KeepAliveReply.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/mpplug.PartyService/CloseSession',
@@ -88,11 +94,19 @@ class PartyServiceStub:
 
 
 class PartyServiceServicer:
-    """What a driver asks of one party. Every call but Status names the driver's session.
+    """What a driver asks of one party. Every call but Status names the driver's session, and
+    renews its lease: a session no call names for the party's idle timeout is closed.
     """
 
     def OpenSession(self, request, context):
         """Start a session: a private value store on this party.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KeepAlive(self, request, context):
+        """Renew a session's lease and do nothing else (a driver between calls sends it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,7 +162,7 @@ class PartyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Forget values; unknown names are ignored.
+        """Forget values; unknown names are ignored. A driver sends at most 4096 names per call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,6 +182,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
                     servicer.OpenSession,
                     request_deserializer=mpplug_dot_protos_dot_service__pb2.OpenSessionRequest.FromString,
                     response_serializer=mpplug_dot_protos_dot_service__pb2.OpenSessionReply.SerializeToString,
+            ),
+            'KeepAlive': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepAlive,
+                    request_deserializer=mpplug_dot_protos_dot_service__pb2.KeepAliveRequest.FromString,
+                    response_serializer=mpplug_dot_protos_dot_service__pb2.KeepAliveReply.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -223,7 +242,8 @@ def add_PartyServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PartyService:
-    """What a driver asks of one party. Every call but Status names the driver's session.
+    """What a driver asks of one party. Every call but Status names the driver's session, and
+    renews its lease: a session no call names for the party's idle timeout is closed.
     """
 
     @staticmethod
@@ -243,6 +263,33 @@ class PartyService:
             '/mpplug.PartyService/OpenSession',
             mpplug_dot_protos_dot_service__pb2.OpenSessionRequest.SerializeToString,
             mpplug_dot_protos_dot_service__pb2.OpenSessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepAlive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mpplug.PartyService/KeepAlive',
+            mpplug_dot_protos_dot_service__pb2.KeepAliveRequest.SerializeToString,
+            mpplug_dot_protos_dot_service__pb2.KeepAliveReply.FromString,
             options,
             channel_credentials,
             insecure,

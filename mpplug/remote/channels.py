@@ -10,9 +10,7 @@ from typing import Any
 
 import grpc
 
-from mpplug.config import TLSFiles
 from mpplug.remote.streaming import MAX_MESSAGE_BYTES
-from mpplug.remote.tls import channel_credentials
 
 MIN_PING_INTERVAL_MS = 500
 
@@ -48,9 +46,12 @@ def server_options() -> list[tuple[str, Any]]:
     ]
 
 
-def open_channel(endpoint: str, tls: TLSFiles | None, keepalive_s: float) -> grpc.Channel:
-    """A channel to `endpoint`, with mutual TLS when `tls` is given."""
+def open_channel(
+    endpoint: str, credentials: grpc.ChannelCredentials | None, keepalive_s: float
+) -> grpc.Channel:
+    """A channel to `endpoint`, with mutual TLS when `credentials` (tls.channel_credentials)
+    are given."""
     options = channel_options(keepalive_s)
-    if tls is None:
+    if credentials is None:
         return grpc.insecure_channel(endpoint, options=options)
-    return grpc.secure_channel(endpoint, channel_credentials(tls), options=options)
+    return grpc.secure_channel(endpoint, credentials, options=options)

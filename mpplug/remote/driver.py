@@ -12,8 +12,14 @@ time to move the bytes of a transfer; one execution may run for `execute_timeout
 10 x timeout). A party that dies is noticed at once (its connection drops), one that goes
 silent within about timeout/2 (keepalive pings).
 
-Releases: handles the caller drops are released at the parties with the next call to each
-(a GC finalizer only queues their names).
+Sessions: a party closes a session that no call names for its idle timeout (an hour unless
+the party is started otherwise). The driver renews its session with a KeepAlive to every party
+at a third of the shortest timeout, and closes it on `close()`, or best effort when the Driver
+is garbage-collected or the interpreter exits.
+
+Releases: handles the caller drops are released at the parties with the next Execute or Fetch
+to each (a GC finalizer only queues their names), or in a Release call of their own once
+RELEASE_FLUSH names wait for one party. `close()` sends none: closing the session frees all.
 
 TLS: when the cluster file has TLS paths, the driver dials every party with mutual TLS as
 `tls` if given, otherwise as driver.pem / driver.key found next to the cluster's CA file
@@ -23,10 +29,12 @@ TLS: when the cluster file has TLS paths, the driver dials every party with mutu
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -51,7 +59,7 @@ from mpplug.remote.streaming import (
     receive_tensor,
     transfer_deadline,
 )
-from mpplug.remote.tls import driver_tls
+from mpplug.remote.tls import channel_credentials, driver_tls
 from mpplug.runtime import codec
 from mpplug.runtime.cluster import Cluster
 from mpplug.runtime.interpreter import Interpreter
@@ -63,6 +71,18 @@ ABORT_GRACE = 2.0
 
 EXECUTE_THREADS_PER_PARTY = 4
 """Threads making blocking Execute calls; a party still busy after a failure holds one."""
+
+KEEPALIVE_FRACTION = 3
+"""The driver renews its session this many times per party idle timeout."""
+
+CLOSE_TIMEOUT = 5.0
+"""The most seconds closing a session waits for each party (the lease frees it anyway)."""
+
+RELEASE_FLUSH = 256
+"""Dropped handles waiting for one party before they go to it in a Release call of their own."""
+
+RELEASE_MAX_NAMES = 4096
+"""The most names one message carries (names are at most 256 characters: about 1 MiB)."""
 
 
 def export_platforms(spec: ClusterSpec) -> list[str]:
@@ -93,8 +113,9 @@ class Driver(Cluster):
         self.execute_timeout = execute_timeout if execute_timeout is not None else 10 * timeout
         self.session = uuid.uuid4().hex
         client_tls = driver_tls(spec, tls)
+        credentials = channel_credentials(client_tls) if client_tls is not None else None
         keepalive = keepalive_for(timeout)
-        self._channels = [open_channel(p.endpoint, client_tls, keepalive) for p in spec.parties]
+        self._channels = [open_channel(p.endpoint, credentials, keepalive) for p in spec.parties]
         self._stubs = [rpc_pb.PartyServiceStub(channel) for channel in self._channels]
         self._streams = [raw_stub(channel, PARTY_SERVICE) for channel in self._channels]
         self._shipped: list[set[str]] = [set() for _ in spec.parties]
@@ -107,47 +128,73 @@ class Driver(Cluster):
         self._pool = ThreadPoolExecutor(
             EXECUTE_THREADS_PER_PARTY * spec.world_size, thread_name_prefix="mpplug-driver"
         )
+        self._stop_keepalive = threading.Event()
+        # Closes the session when the Driver is closed, collected or left at exit; it must
+        # not refer to the Driver itself.
+        self._close_session = weakref.finalize(
+            self,
+            _shut_down,
+            list(self._stubs),
+            self.session,
+            min(timeout, CLOSE_TIMEOUT),
+            self._stop_keepalive,
+            self._pool,
+            list(self._channels),
+        )
         try:
-            self._open_sessions()
+            idle_timeouts = self._open_sessions()
         except BaseException:
-            self._close_channels()
+            self._close_session()
             raise
+        self.keepalive_interval = min(idle_timeouts) / KEEPALIVE_FRACTION
+        threading.Thread(
+            target=_keep_alive,
+            args=(
+                list(self._stubs),
+                pb.KeepAliveRequest(session=self.session),
+                self.keepalive_interval,
+                timeout,
+                self._stop_keepalive,
+            ),
+            name="mpplug-driver-keepalive",
+            daemon=True,
+        ).start()
 
     def _fetch_all(self, ranks: list[int], name: str) -> list[np.ndarray[Any, Any]]:
         calls = [self._pool.submit(self._fetch, rank, name) for rank in ranks]
         return [call.result() for call in calls]
 
     # -- sessions -------------------------------------------------------------------------
-    def _open_sessions(self) -> None:
+    def _open_sessions(self) -> list[float]:
+        """Open the session on every party; returns their idle timeouts."""
         request = pb.OpenSessionRequest(session=self.session, parties=self.spec.names)
         calls = [stub.OpenSession.future(request, timeout=self.timeout) for stub in self._stubs]
         errors = []
+        idle_timeouts = []
         for rank, call in enumerate(calls):
             try:
-                call.result()
+                idle_timeouts.append(call.result().idle_timeout)
             except grpc.RpcError as exc:
                 errors.append(rpc_failure(exc, self._party_names[rank], "OpenSession"))
         if errors:
-            self._close_sessions()
             raise errors[0]
-
-    def _close_sessions(self) -> None:
-        request = pb.CloseSessionRequest(session=self.session)
-        calls = [stub.CloseSession.future(request, timeout=self.timeout) for stub in self._stubs]
-        for call in calls:
-            call.exception()  # best effort: a party that is down has dropped the session anyway
+        for rank, seconds in enumerate(idle_timeouts):
+            if not seconds > 0:
+                raise MPPlugError(
+                    f"party {self._party_names[rank]} opened the session with idle timeout "
+                    f"{seconds!r}; expected seconds > 0 (is it an older mpplug?)"
+                )
+        return idle_timeouts
 
     def _close(self) -> None:
-        self._close_sessions()
-        self._close_channels()
-
-    def _close_channels(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for channel in self._channels:
-            channel.close()
+        with self._release_lock:  # closing the session frees every value: send no releases
+            self._released.clear()
+            self._unreleased = [[] for _ in self._unreleased]
+        self._close_session()
 
     # -- values ---------------------------------------------------------------------------
     def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None:
+        self._flush_releases()
         header = pb.PutHeader(session=self.session, name=name, type=codec.encode_type(array))
         chunks = encode_chunks(header, array)
         deadline = transfer_deadline(self.timeout, array.nbytes)
@@ -161,6 +208,7 @@ class Driver(Cluster):
         self._sizes[name] = array.nbytes
 
     def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
+        self._flush_releases()
         party = self._party_names[rank]
         where = f"value {name!r} fetched from party {party}"
         request = pb.FetchRequest(session=self.session, name=name, release=self._releases_for(rank))
@@ -177,16 +225,42 @@ class Driver(Cluster):
         self._released.append((tuple(names), ranks))
 
     def _releases_for(self, rank: int) -> list[str]:
-        """Names `rank` may forget, to send along with the next call to it."""
+        """Names `rank` may forget (at most RELEASE_MAX_NAMES), to send along with the next
+        call to it."""
         with self._release_lock:
-            while self._released:
-                dropped, ranks = self._released.popleft()
-                for name in dropped:
-                    self._sizes.pop(name, None)
-                for r in ranks:
-                    self._unreleased[r].extend(dropped)
-            names, self._unreleased[rank] = self._unreleased[rank], []
+            self._sort_released()
+            waiting = self._unreleased[rank]
+            names, self._unreleased[rank] = (
+                waiting[:RELEASE_MAX_NAMES],
+                waiting[RELEASE_MAX_NAMES:],
+            )
         return names
+
+    def _flush_releases(self) -> None:
+        """Send a Release (in messages of at most RELEASE_MAX_NAMES names) to every party
+        with RELEASE_FLUSH or more names waiting for it."""
+        with self._release_lock:
+            self._sort_released()
+            batches = []
+            for rank, waiting in enumerate(self._unreleased):
+                if len(waiting) >= RELEASE_FLUSH:
+                    batches += [
+                        (rank, waiting[i : i + RELEASE_MAX_NAMES])
+                        for i in range(0, len(waiting), RELEASE_MAX_NAMES)
+                    ]
+                    self._unreleased[rank] = []
+        for rank, names in batches:
+            request = pb.ReleaseRequest(session=self.session, names=names)
+            self._fire(self._stubs[rank].Release.future(request, timeout=self.timeout))
+
+    def _sort_released(self) -> None:
+        """Move queued dropped names to the lists of the parties holding them (lock held)."""
+        while self._released:
+            dropped, ranks = self._released.popleft()
+            for name in dropped:
+                self._sizes.pop(name, None)
+            for r in ranks:
+                self._unreleased[r].extend(dropped)
 
     def _fire(self, call: grpc.Future) -> None:
         """Keep an unawaited call alive until it completes (grpc cancels collected calls)."""
@@ -212,6 +286,7 @@ class Driver(Cluster):
         self._shipped[rank].add(program.digest)
 
     def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None:
+        self._flush_releases()
         ranks = self._taking_part(program)
         self._ship(program, [r for r in ranks if program.digest not in self._shipped[r]])
         request = pb.ExecuteRequest(
@@ -288,6 +363,46 @@ class Driver(Cluster):
     def __repr__(self) -> str:
         endpoints = ", ".join(f"{p.name}@{p.endpoint}" for p in self.spec.parties)
         return f"Driver({endpoints})"
+
+
+def _keep_alive(
+    stubs: Sequence[rpc_pb.PartyServiceStub],
+    request: pb.KeepAliveRequest,
+    every: float,
+    timeout: float,
+    stop: threading.Event,
+) -> None:
+    """Renew the session on every party each `every` seconds until `stop` is set."""
+    while not stop.wait(every):
+        calls = [stub.KeepAlive.future(request, timeout=timeout) for stub in stubs]
+        for call in calls:
+            _settle(call)  # a party that lost the session says so on the driver's next call
+
+
+def _shut_down(
+    stubs: Sequence[rpc_pb.PartyServiceStub],
+    session: str,
+    timeout: float,
+    stop_keepalive: threading.Event,
+    pool: ThreadPoolExecutor,
+    channels: Sequence[grpc.Channel],
+) -> None:
+    """Stop the keepalive, close the session on every party (best effort: a party that is
+    down has dropped it, one that does not answer drops it when its lease runs out) and
+    close the channels."""
+    stop_keepalive.set()
+    request = pb.CloseSessionRequest(session=session)
+    for call in [stub.CloseSession.future(request, timeout=timeout) for stub in stubs]:
+        _settle(call)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for channel in channels:
+        channel.close()
+
+
+def _settle(call: grpc.Future) -> None:
+    """Wait for a call whose outcome does not matter."""
+    with contextlib.suppress(grpc.FutureCancelledError):
+        call.exception()
 
 
 class _Execution:

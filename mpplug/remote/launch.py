@@ -15,6 +15,7 @@ from types import TracebackType
 
 from mpplug.config import ClusterSpec
 from mpplug.errors import MPPlugError
+from mpplug.remote.session import DEFAULT_IDLE_TIMEOUT
 from mpplug.remote.status import query_status
 
 LOG_TAIL_CHARS = 4000
@@ -23,8 +24,9 @@ LOG_TAIL_CHARS = 4000
 class LocalParties:
     """`python -m mpplug.remote.server` for each party of `config`, logging to `log_dir`.
 
-    `env` adds to (or overrides) this process's environment for the parties. Used as a
-    context manager, every process is killed on exit, even when the body fails.
+    `env` adds to (or overrides) this process's environment for the parties; `timeout` and
+    `session_idle_timeout` are passed to each party (see PartyServer). Used as a context
+    manager, every process is killed on exit, even when the body fails.
     """
 
     def __init__(
@@ -34,12 +36,14 @@ class LocalParties:
         log_dir: str | Path,
         env: Mapping[str, str] | None = None,
         timeout: float = 60.0,
+        session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         self.config = Path(config)
         self.spec = ClusterSpec.from_yaml(self.config)
         self.log_dir = Path(log_dir)
         self.env = {**os.environ, **(env or {})}
         self.timeout = timeout
+        self.session_idle_timeout = session_idle_timeout
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, names: Iterable[str] | None = None) -> None:
@@ -49,6 +53,7 @@ class LocalParties:
             self.spec.party(name)
             command = [sys.executable, "-m", "mpplug.remote.server", "--config", str(self.config)]
             command += ["--party", name, "--timeout", str(self.timeout)]
+            command += ["--session-idle-timeout", str(self.session_idle_timeout)]
             with open(self.log_path(name), "ab") as log:
                 self.processes[name] = subprocess.Popen(
                     command, stdout=log, stderr=subprocess.STDOUT, env=self.env

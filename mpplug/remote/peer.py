@@ -1,27 +1,33 @@
 """The party-to-party data plane: a gRPC `Communicator` and the peer service feeding its mailbox.
 
 A send streams the tensor straight to the destination's PeerService, which validates it and
-delivers it into that party's Mailbox; the driver never relays values.
+delivers it into that party's Mailbox; the driver never relays values. Sends in flight for an
+execution are cancelled when it is aborted, so a dead peer does not hold the party until the
+send's deadline.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import grpc
 
-from mpplug.config import ClusterSpec, TLSFiles
-from mpplug.errors import PartyUnavailableError, WireError
+from mpplug.config import ClusterSpec
+from mpplug.errors import ExecutionAborted, PartyUnavailableError, WireError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import keepalive_for, open_channel
+from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.rpc import (
     BadRequest,
+    Exhausted,
     Forbidden,
-    check_id,
+    check_scoped_id,
     handle_errors,
     raw_stub,
     status_of,
@@ -35,9 +41,20 @@ from mpplug.remote.streaming import (
 )
 from mpplug.remote.tls import peer_common_name
 from mpplug.runtime import codec
-from mpplug.runtime.communicator import Communicator, Key, Mailbox
+from mpplug.runtime.communicator import ABORTED_MEMORY, Communicator, Key, Mailbox
 
 PEER_SERVICE = pb.DESCRIPTOR.services_by_name["PeerService"]
+
+_UNREACHED = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,  # still busy at the deadline
+)
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+"""A send the receiver refuses as busy (RESOURCE_EXHAUSTED) is retried, waiting from
+RETRY_FIRST_S doubling up to RETRY_MAX_S between tries, until its deadline."""
 
 
 class PeerCommunicator(Communicator):
@@ -50,7 +67,7 @@ class PeerCommunicator(Communicator):
         rank: int,
         mailbox: Mailbox,
         *,
-        tls: TLSFiles | None,
+        credentials: grpc.ChannelCredentials | None,
         timeout: float,
     ) -> None:
         self.rank = rank
@@ -58,10 +75,13 @@ class PeerCommunicator(Communicator):
         self.timeout = timeout
         self._spec = spec
         self._mailbox = mailbox
-        self._tls = tls
+        self._credentials = credentials
         self._channels: dict[int, grpc.Channel] = {}
         self._peers: dict[int, SimpleNamespace] = {}
         self._lock = threading.Lock()
+        self._sending: dict[str, set[grpc.Future]] = {}
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._cond = threading.Condition()
 
     def send(self, key: Key, value: Any) -> None:
         array = codec.as_host_array(value)
@@ -72,25 +92,89 @@ class PeerCommunicator(Communicator):
             dst=key.dst,
             type=codec.encode_type(array),
         )
-        chunks = encode_chunks(header, array)
         service = self._peer(key.dst)
-        deadline = transfer_deadline(self.timeout, array.nbytes)
-        try:
+        give_up = time.monotonic() + transfer_deadline(self.timeout, array.nbytes)
+        pause = RETRY_FIRST_S
+        while True:
+            chunks = encode_chunks(header, array)
+            left = max(give_up - time.monotonic(), 0.0)
             if fits_one_chunk(array.nbytes):
-                service.SendSmall(next(chunks), timeout=deadline, wait_for_ready=True)
+                call = service.SendSmall.future(next(chunks), timeout=left, wait_for_ready=True)
             else:
-                service.Send(chunks, timeout=deadline, wait_for_ready=True)
-        except grpc.RpcError as exc:
-            peer = self._spec.parties[key.dst].name
-            code, details = status_of(exc)
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise PartyUnavailableError(
-                    peer, f"party {self.rank} could not send {key}: {code.name}: {details}"
+                call = service.Send.future(chunks, timeout=left, wait_for_ready=True)
+            try:
+                self._track(key, call)
+                call.result()
+                return
+            except grpc.FutureCancelledError:
+                raise self._aborted(key) from None
+            except grpc.RpcError as exc:
+                code, details = status_of(exc)
+                if code is grpc.StatusCode.RESOURCE_EXHAUSTED and self._pause(key, pause, give_up):
+                    pause = min(2 * pause, RETRY_MAX_S)
+                    continue
+                peer = self._spec.parties[key.dst].name
+                if code in _UNREACHED:
+                    raise PartyUnavailableError(
+                        peer, f"party {self.rank} could not send {key}: {code.name}: {details}"
+                    ) from None
+                raise WireError(
+                    f"party {peer} refused value {key}: {code.name}: {details}"
                 ) from None
-            raise WireError(f"party {peer} refused value {key}: {code.name}: {details}") from None
+            finally:
+                self._untrack(key.exec_id, call)
 
     def recv(self, key: Key, timeout: float) -> Any:
         return self._mailbox.take(key, timeout)
+
+    def cancel(self, exec_id: str) -> None:
+        """Cancel the sends of `exec_id` in flight, and refuse its later ones."""
+        with self._cond:
+            self._cancelled[exec_id] = None
+            while len(self._cancelled) > ABORTED_MEMORY:
+                self._cancelled.popitem(last=False)
+            calls = self._sending.pop(exec_id, set())
+            self._cond.notify_all()
+        for call in calls:
+            call.cancel()
+
+    def finish(self, exec_id: str) -> None:
+        """`exec_id` has ended here: cancel any of its sends still in flight."""
+        with self._cond:
+            calls = self._sending.pop(exec_id, set())
+        for call in calls:
+            call.cancel()
+
+    def _track(self, key: Key, call: grpc.Future) -> None:
+        with self._cond:
+            if key.exec_id not in self._cancelled:
+                self._sending.setdefault(key.exec_id, set()).add(call)
+                return
+        call.cancel()
+        raise self._aborted(key)
+
+    def _untrack(self, exec_id: str, call: grpc.Future) -> None:
+        with self._cond:
+            calls = self._sending.get(exec_id)
+            if calls is not None:
+                calls.discard(call)
+                if not calls:
+                    del self._sending[exec_id]
+
+    def _pause(self, key: Key, seconds: float, give_up: float) -> bool:
+        """Wait `seconds` before trying again; False if that would pass `give_up`. Raises
+        ExecutionAborted if the execution is cancelled meanwhile."""
+        if time.monotonic() + seconds >= give_up:
+            return False
+        with self._cond:
+            if self._cond.wait_for(lambda: key.exec_id in self._cancelled, timeout=seconds):
+                raise self._aborted(key)
+        return True
+
+    def _aborted(self, key: Key) -> ExecutionAborted:
+        return ExecutionAborted(
+            f"party {self.rank}: execution {key.exec_id} aborted while sending {key}"
+        )
 
     def _peer(self, rank: int) -> SimpleNamespace:
         """The PeerService of party `rank`, its channel opened on first use."""
@@ -99,7 +183,9 @@ class PeerCommunicator(Communicator):
             with self._lock:
                 if rank not in self._peers:
                     channel = open_channel(
-                        self._spec.parties[rank].endpoint, self._tls, keepalive_for(self.timeout)
+                        self._spec.parties[rank].endpoint,
+                        self._credentials,
+                        keepalive_for(self.timeout),
                     )
                     self._channels[rank] = channel
                     self._peers[rank] = raw_stub(channel, PEER_SERVICE)
@@ -117,30 +203,57 @@ class PeerCommunicator(Communicator):
 class PeerServicer(rpc_pb.PeerServiceServicer):
     """Accepts values sent to this party, checks them and puts them in its mailbox.
 
-    With TLS, the sender's certificate must name the party the value claims to come from.
+    With TLS, only the other parties may send, and the sender's certificate must name the
+    party the value claims to come from. Send streams take one of `slots` while open and are
+    cancelled by `watch` when they stall.
     """
 
     RAW_REQUESTS = ("Send", "SendSmall")
     """Methods that read their chunk messages themselves (streaming.read_chunks)."""
 
-    def __init__(self, spec: ClusterSpec, rank: int, mailbox: Mailbox) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        rank: int,
+        mailbox: Mailbox,
+        *,
+        slots: Slots,
+        watch: StreamWatch,
+    ) -> None:
         self._names = spec.names
         self._tls = spec.tls
         self._rank = rank
         self._mailbox = mailbox
+        self._slots = slots
+        self._watch = watch
 
     @handle_errors
     def Send(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> pb.SendReply:
-        return self._receive(chunks, context)
+        caller = self._caller(context)
+        self._slots.hold_for(context)
+        return self._receive(self._watch.watch(context, chunks), caller)
 
     @handle_errors
     def SendSmall(self, chunk: bytes, context: grpc.ServicerContext) -> pb.SendReply:
-        return self._receive(iter([chunk]), context)
+        return self._receive(iter([chunk]), self._caller(context))
 
-    def _receive(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> pb.SendReply:
+    def _caller(self, context: grpc.ServicerContext) -> str | None:
+        """The party calling (with TLS), refused unless it is one of the other parties."""
+        if not self._tls:
+            return None
+        caller = peer_common_name(context)
+        others = [name for rank, name in enumerate(self._names) if rank != self._rank]
+        if caller not in others:
+            raise Forbidden(
+                f"party {self._rank} accepts values only from the other parties {others}, "
+                f"but the caller's certificate names {caller!r}"
+            )
+        return caller
+
+    def _receive(self, chunks: Iterator[bytes], caller: str | None) -> pb.SendReply:
         where = f"value sent to party {self._rank}"
         header, parts = read_chunks(chunks, pb.PeerChunk, where)
-        key = Key(check_id(header.exec_id, "exec_id"), header.op, header.src, header.dst)
+        key = Key(check_scoped_id(header.exec_id, "exec_id"), header.op, header.src, header.dst)
         where = f"value {key} sent to party {self._rank}"
         if key.dst != self._rank:
             raise BadRequest(f"{where}: this is party {self._rank}, not {key.dst}")
@@ -148,14 +261,18 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
             raise BadRequest(
                 f"{where}: expected a source among the other parties, got party {key.src}"
             )
-        if self._tls:
-            caller = peer_common_name(context)
-            if caller != self._names[key.src]:
-                raise Forbidden(
-                    f"{where}: claims to come from {self._names[key.src]!r}, but the caller's "
-                    f"certificate names {caller!r}"
-                )
+        if caller is not None and caller != self._names[key.src]:
+            raise Forbidden(
+                f"{where}: claims to come from {self._names[key.src]!r}, but the caller's "
+                f"certificate names {caller!r}"
+            )
         ttype = codec.decode_type(header.type, where)
+        if not self._mailbox.has_room(key.src, ttype.nbytes):
+            raise Exhausted(
+                f"{where}: party {key.src} has {self._mailbox.pending_bytes(key.src)} bytes "
+                f"waiting here already; {ttype.nbytes} more would pass the limit of "
+                f"{self._mailbox.max_pending_bytes}"
+            )
         value = receive_tensor(ttype, parts, where)
-        self._mailbox.deliver(key, value)
+        self._mailbox.deliver(key, value, ttype.nbytes)
         return pb.SendReply()

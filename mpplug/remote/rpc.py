@@ -1,16 +1,17 @@
 """gRPC plumbing: servicers registered so every bad request gets a clear status, and typed
 errors on the client for the statuses a party answers with.
 
-Servicer methods raise `BadRequest`, `NotFound` or `Forbidden`; `handle_errors` turns them into
-INVALID_ARGUMENT, NOT_FOUND and PERMISSION_DENIED with the message. `add_service` decodes
-requests itself, so bytes that are not the expected message are INVALID_ARGUMENT too.
+Servicer methods raise `BadRequest`, `NotFound`, `Forbidden` or `Exhausted`; `handle_errors`
+turns them into INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED and RESOURCE_EXHAUSTED with the
+message. `add_service` decodes requests itself, so bytes that are not the expected message are
+INVALID_ARGUMENT too.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from types import SimpleNamespace
 from typing import Any, NoReturn, TypeVar
 
@@ -25,12 +26,14 @@ from mpplug.errors import (
     PartyUnavailableError,
     WireError,
 )
+from mpplug.runtime.communicator import MailboxFull
 from mpplug.runtime.party import UnknownProgramError
 
 MISSING_KEY = "mpplug-missing"
 """Trailing metadata naming what a NOT_FOUND was about: "session", "program" or "value"."""
 
-_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SCOPED_ID = re.compile(r"[A-Za-z0-9_-]{1,64}:[A-Za-z0-9_-]{1,64}")
 MAX_NAME_CHARS = 256
 
 
@@ -50,10 +53,27 @@ class Forbidden(MPPlugError, PermissionError):
     """A caller whose certificate does not allow the request: PERMISSION_DENIED."""
 
 
+class Exhausted(MPPlugError):
+    """A request over one of the party's limits (sessions, busy slots): RESOURCE_EXHAUSTED."""
+
+
 def check_id(value: str, field: str) -> str:
     """A session or execution id: 1-64 letters, digits, '_' or '-'."""
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         raise BadRequest(f"{field}: expected 1-64 letters, digits, '_' or '-', got {value!r}")
+    return value
+
+
+def scoped_id(session: str, exec_id: str) -> str:
+    """The id an execution's values and aborts go by on the parties: "<session>:<exec_id>",
+    so that one session can neither abort nor feed another's executions."""
+    return f"{session}:{exec_id}"
+
+
+def check_scoped_id(value: str, field: str) -> str:
+    """An id as `scoped_id` makes it."""
+    if not _SCOPED_ID.fullmatch(value):
+        raise BadRequest(f"{field}: expected '<session>:<execution id>', got {value!r}")
     return value
 
 
@@ -82,6 +102,8 @@ def handle_errors(method: F) -> F:
             _abort(context, grpc.StatusCode.NOT_FOUND, exc)
         except Forbidden as exc:
             _abort(context, grpc.StatusCode.PERMISSION_DENIED, exc)
+        except (Exhausted, MailboxFull) as exc:
+            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, exc)
         except (BadRequest, WireError, InvalidProgramError) as exc:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc)
 
@@ -105,19 +127,21 @@ def add_service(
     server: grpc.Server, servicer: Any, service: ServiceDescriptor, raw: Collection[str] = ()
 ) -> None:
     """Serve `service` with `servicer`'s methods, decoding each request message ourselves;
-    methods named in `raw` get the serialized bytes (see streaming.read_chunks)."""
+    methods named in `raw` get the serialized bytes (see streaming.read_chunks), as must
+    every method whose requests stream."""
     handlers = {}
     for method in service.methods:
         behaviour = getattr(servicer, method.name)
         if method.name not in raw:
+            if method.client_streaming:
+                raise TypeError(
+                    f"{method.full_name}: expected a streaming request to be read raw "
+                    f"(named in `raw`), got raw={sorted(raw)}"
+                )
             request_type = message_factory.GetMessageClass(method.input_type)
-            decoding = _decoding_stream if method.client_streaming else _decoding_unary
-            behaviour = decoding(behaviour, request_type, method.full_name)
+            behaviour = _decoding(behaviour, request_type, method.full_name)
         make = _HANDLERS[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(behaviour, response_serializer=_serialize)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
-    )
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
@@ -146,7 +170,7 @@ def _decode(request_type: type[Message], data: bytes, where: str) -> Any:
         ) from None
 
 
-def _decoding_unary(
+def _decoding(
     behaviour: Callable[..., Any], request_type: type[Message], where: str
 ) -> Callable[..., Any]:
     def handler(data: bytes, context: grpc.ServicerContext) -> Any:
@@ -155,19 +179,6 @@ def _decoding_unary(
         except WireError as exc:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc)
         return behaviour(request, context)
-
-    return handler
-
-
-def _decoding_stream(
-    behaviour: Callable[..., Any], request_type: type[Message], where: str
-) -> Callable[..., Any]:
-    def decoded(chunks: Iterator[bytes]) -> Iterator[Any]:
-        for i, data in enumerate(chunks):
-            yield _decode(request_type, data, f"{where} message {i}")
-
-    def handler(chunks: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        return behaviour(decoded(chunks), context)
 
     return handler
 

@@ -1,7 +1,8 @@
 """`PartyServer`: one party of a cluster as a gRPC server, and `python -m mpplug.remote.server`.
 
 It serves PartyService to drivers, PeerService to the other parties and the standard
-grpc.health.v1 service, with mutual TLS when the cluster file has TLS paths.
+grpc.health.v1 service, with mutual TLS when the cluster file has TLS paths. A background
+upkeep closes idle sessions, drops values nobody will receive and cancels stalled streams.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import math
 import signal
 import sys
 import threading
@@ -22,20 +24,22 @@ from mpplug.config import ClusterSpec
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.protos import service_pb2
 from mpplug.remote.channels import server_options
+from mpplug.remote.limits import ServerLimits, Slots, StreamWatch
 from mpplug.remote.peer import PeerCommunicator, PeerServicer
 from mpplug.remote.rpc import add_service
 from mpplug.remote.service import PartyServicer
+from mpplug.remote.session import DEFAULT_IDLE_TIMEOUT
 from mpplug.remote.streaming import CHUNK_BYTES
-from mpplug.remote.tls import server_credentials
+from mpplug.remote.tls import channel_credentials, server_credentials
 from mpplug.runtime.communicator import Mailbox
 from mpplug.runtime.party import Party
 
 log = logging.getLogger(__name__)
 
-MAX_WORKERS = 64
-"""Threads serving RPCs: executions, incoming peer values and driver calls run at once."""
-
 SERVICES = service_pb2.DESCRIPTOR.services_by_name
+
+UPKEEP_MAX_S = 1.0
+"""The longest the upkeep sleeps between rounds (shorter when a limit is shorter)."""
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
@@ -43,25 +47,63 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 class PartyServer:
     """Party `party` of `spec`, listening on its `listen` address.
 
-    `timeout` bounds sends to peers (plus time for the bytes) and sets keepalive on peer channels.
+    `timeout` bounds sends to peers (plus time for the bytes) and sets keepalive on peer
+    channels. A session no call names for `session_idle_timeout` seconds is closed with its
+    values. `limits` caps what callers may hold at once (see ServerLimits). TLS files are read
+    and checked here: a bad one is a ConfigError naming it.
     """
 
-    def __init__(self, spec: ClusterSpec, party: str, *, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        party: str,
+        *,
+        timeout: float = 60.0,
+        session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        limits: ServerLimits | None = None,
+    ) -> None:
+        if not (session_idle_timeout > 0 and math.isfinite(session_idle_timeout)):
+            raise ConfigError(
+                f"session idle timeout: expected seconds > 0, got {session_idle_timeout!r}"
+            )
         self.spec = spec
         self.party = spec.party(party)
         self.rank = spec.rank_of(self.party.name)
         self.timeout = timeout
-        self._mailbox = Mailbox(self.rank)
+        self.session_idle_timeout = session_idle_timeout
+        self.limits = limits if limits is not None else ServerLimits()
+        tls = self.party.tls
+        self._credentials = server_credentials(tls) if tls is not None else None
+        self._mailbox = Mailbox(
+            self.rank,
+            max_pending_bytes=self.limits.pending_bytes_per_peer,
+            unclaimed_ttl=self.limits.unclaimed_value_s,
+        )
         self._comm = PeerCommunicator(
-            spec, self.rank, self._mailbox, tls=self.party.tls, timeout=timeout
+            spec,
+            self.rank,
+            self._mailbox,
+            credentials=channel_credentials(tls) if tls is not None else None,
+            timeout=timeout,
         )
         # Programs are exported for the platform of each party's declared device, cpu by default.
         device = self.party.device or "cpu"
         self._party = Party(self.rank, spec.world_size, self._comm, device=device)
+        self._watch = StreamWatch(self.limits.stream_idle_s)
+        self._service = PartyServicer(
+            spec,
+            self._party,
+            self._mailbox,
+            self._comm,
+            limits=self.limits,
+            watch=self._watch,
+            session_idle_timeout=session_idle_timeout,
+        )
         self._health = health.HealthServicer()
         self._server: grpc.Server | None = None
         self._port: int | None = None
         self._stopped = threading.Event()
+        self._upkeep: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -71,39 +113,84 @@ class PartyServer:
         return self._port
 
     def start(self) -> None:
+        limits = self.limits
         server = grpc.server(
-            ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix=f"mpplug-{self.party.name}"),
+            ThreadPoolExecutor(limits.workers, thread_name_prefix=f"mpplug-{self.party.name}"),
             options=server_options(),
+            maximum_concurrent_rpcs=limits.max_rpcs,
         )
-        party_service = PartyServicer(self.spec, self._party, self._mailbox)
-        peer_service = PeerServicer(self.spec, self.rank, self._mailbox)
-        add_service(server, party_service, SERVICES["PartyService"], party_service.RAW_REQUESTS)
+        # Binding is the last step that can fail: a failed start holds no port (a bound,
+        # unstarted gRPC server would keep its port until the process exits).
+        port = self._bind(server)
+        server.start()
+        for name in ("", *(service.full_name for service in SERVICES.values())):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server, self._port = server, port
+        self._upkeep = threading.Thread(
+            target=self._keep_up, name=f"mpplug-{self.party.name}-upkeep", daemon=True
+        )
+        self._upkeep.start()
+        log.info(
+            "party %s (rank %d of %d) serving on %s%s; idle sessions close after %gs",
+            self.party.name,
+            self.rank,
+            self.spec.world_size,
+            self.party.listen,
+            " with mutual TLS" if self.party.tls else "",
+            self.session_idle_timeout,
+        )
+
+    def _bind(self, server: grpc.Server) -> int:
+        """Register the services and bind the listen address; returns the port. TLS
+        credentials were read and checked in __init__."""
+        peer_service = PeerServicer(
+            self.spec,
+            self.rank,
+            self._mailbox,
+            slots=Slots("value streams from peers", self.limits.peer_streams),
+            watch=self._watch,
+        )
+        add_service(server, self._service, SERVICES["PartyService"], self._service.RAW_REQUESTS)
         add_service(server, peer_service, SERVICES["PeerService"], peer_service.RAW_REQUESTS)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         listen = self.party.listen
         try:
-            if self.party.tls is None:
+            if self._credentials is None:
                 port = server.add_insecure_port(listen)
             else:
-                port = server.add_secure_port(listen, server_credentials(self.party.tls))
+                port = server.add_secure_port(listen, self._credentials)
         except RuntimeError as exc:
             raise ConfigError(
                 f"party {self.party.name}: cannot listen on {listen}: {exc}"
             ) from None
         if port == 0:
             raise ConfigError(f"party {self.party.name}: cannot listen on {listen}")
-        server.start()
-        for name in ("", *(service.full_name for service in SERVICES.values())):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self._server, self._port = server, port
-        log.info(
-            "party %s (rank %d of %d) serving on %s%s",
-            self.party.name,
-            self.rank,
-            self.spec.world_size,
-            listen,
-            " with mutual TLS" if self.party.tls else "",
+        return port
+
+    def _keep_up(self) -> None:
+        """Until the server stops: close idle sessions, drop values for executions that never
+        started here, and cancel streams that stalled."""
+        shortest = min(
+            self.session_idle_timeout, self.limits.unclaimed_value_s, self.limits.stream_idle_s
         )
+        pause = min(shortest / 4, UPKEEP_MAX_S)
+        while not self._stopped.wait(pause):
+            self._service.expire_sessions()
+            dropped = self._mailbox.expire()
+            if dropped:
+                log.info(
+                    "party %s: dropped %d value(s) for executions that never started here",
+                    self.party.name,
+                    dropped,
+                )
+            stalled = self._watch.sweep()
+            if stalled:
+                log.info(
+                    "party %s: cancelled %d stream(s) idle for over %gs",
+                    self.party.name,
+                    stalled,
+                    self._watch.idle_s,
+                )
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving: health turns NOT_SERVING, running calls get `grace` seconds."""
@@ -113,6 +200,8 @@ class PartyServer:
         self._server.stop(grace).wait()
         self._comm.close()
         self._stopped.set()
+        if self._upkeep is not None:
+            self._upkeep.join()
 
     def wait(self) -> None:
         """Block until the server stops."""
@@ -126,13 +215,31 @@ def keep_chunk_memory() -> None:
     """Receiving a value allocates about a megabyte per chunk. glibc's malloc hands such
     blocks back to the OS when freed and faults fresh pages in for the next one, which can
     cost more than the transfer itself; keep them in the heap for reuse instead. Process-wide,
-    so only the party command calls it; a no-op where malloc is not glibc's."""
+    so only the party commands call it; a no-op where malloc is not glibc's."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
     mallopt(_M_MMAP_THRESHOLD, 4 * CHUNK_BYTES)
     mallopt(_M_TRIM_THRESHOLD, 64 * CHUNK_BYTES)
+
+
+def serve_forever(server: PartyServer) -> int:
+    """Start `server` and serve in the foreground until SIGTERM or SIGINT; returns 0 after a
+    clean shutdown. Errors starting it (ConfigError) propagate. For the main thread only."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    server.start()
+    keep_chunk_memory()
+    name = server.party.name
+
+    def shut_down(signum: int, frame: FrameType | None) -> None:
+        log.info("party %s: %s, shutting down", name, signal.Signals(signum).name)
+        threading.Thread(target=server.stop, name="mpplug-shutdown").start()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    server.wait()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,25 +252,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds a send to a peer may wait"
     )
+    parser.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT,
+        help=f"seconds a session may go without a call before it is closed "
+        f"(default {DEFAULT_IDLE_TIMEOUT:g})",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    keep_chunk_memory()
     try:
         spec = ClusterSpec.from_yaml(args.config, files_of=[args.party])
-        server = PartyServer(spec, args.party, timeout=args.timeout)
-        server.start()
+        server = PartyServer(
+            spec,
+            args.party,
+            timeout=args.timeout,
+            session_idle_timeout=args.session_idle_timeout,
+        )
+        return serve_forever(server)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-    def shut_down(signum: int, frame: FrameType | None) -> None:
-        log.info("party %s: %s, shutting down", args.party, signal.Signals(signum).name)
-        threading.Thread(target=server.stop, name="mpplug-shutdown").start()
-
-    signal.signal(signal.SIGTERM, shut_down)
-    signal.signal(signal.SIGINT, shut_down)
-    server.wait()
-    return 0
 
 
 if __name__ == "__main__":

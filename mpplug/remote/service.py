@@ -1,12 +1,15 @@
 """The driver-facing service of a party: sessions, values in and out, programs and executions.
 
 Every request is validated; a bad one is answered INVALID_ARGUMENT or NOT_FOUND and the party
-keeps serving. Executions run on the shared `Party` against the session's value store.
+keeps serving. Executions run on the shared `Party` against the session's value store, under
+ids scoped to the session. Executions and streams hold slots (`limits`); over them a call is
+answered RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import threading
 import time
@@ -20,13 +23,17 @@ from mpplug.config import ClusterSpec
 from mpplug.core import TensorType
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
+from mpplug.remote.limits import ServerLimits, Slots, StreamWatch
 from mpplug.remote.outcomes import COMPLETED, EXECUTION_ERRORS, failure_reply
-from mpplug.remote.rpc import BadRequest, check_id, check_name, handle_errors
+from mpplug.remote.peer import PeerCommunicator
+from mpplug.remote.rpc import BadRequest, check_id, check_name, handle_errors, scoped_id
 from mpplug.remote.session import Session, Sessions
-from mpplug.remote.streaming import encode_chunks, read_chunks, receive_bytes, receive_tensor
+from mpplug.remote.streaming import encode_chunks, read_chunks, receive_joined, receive_tensor
 from mpplug.runtime import codec
 from mpplug.runtime.communicator import Mailbox
 from mpplug.runtime.party import Party
+
+log = logging.getLogger(__name__)
 
 MAX_PROGRAM_BYTES = 1 << 30
 """The largest program a party accepts (programs embed their constants)."""
@@ -41,11 +48,26 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     RAW_REQUESTS = ("Put", "PutSmall", "LoadProgram")
     """Methods that read their chunk messages themselves (streaming.read_chunks)."""
 
-    def __init__(self, spec: ClusterSpec, party: Party, mailbox: Mailbox) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        party: Party,
+        mailbox: Mailbox,
+        comm: PeerCommunicator,
+        *,
+        limits: ServerLimits,
+        watch: StreamWatch,
+        session_idle_timeout: float,
+    ) -> None:
         self._names = spec.names
         self._party = party
         self._mailbox = mailbox
-        self._sessions = Sessions()
+        self._comm = comm
+        self._sessions = Sessions(limits.sessions, session_idle_timeout)
+        self._executes = Slots("executions", limits.executes)
+        self._uploads = Slots("value and program uploads", limits.uploads)
+        self._downloads = Slots("value downloads", limits.downloads)
+        self._watch = watch
         self._running: set[str] = set()
         self._lock = threading.Lock()
         self._started = time.monotonic()
@@ -64,7 +86,29 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
                 f"but party {self.name}'s lists {self._names}"
             )
         self._sessions.open(request.session)
-        return pb.OpenSessionReply(party=self.name, rank=self._party.rank)
+        return pb.OpenSessionReply(
+            party=self.name, rank=self._party.rank, idle_timeout=self._sessions.idle_timeout
+        )
+
+    @handle_errors
+    def KeepAlive(
+        self, request: pb.KeepAliveRequest, context: grpc.ServicerContext
+    ) -> pb.KeepAliveReply:
+        self._sessions.get(request.session)
+        return pb.KeepAliveReply()
+
+    def expire_sessions(self) -> int:
+        """Close the sessions idle for longer than their timeout; returns how many."""
+        expired = self._sessions.expire()
+        for session in expired:
+            log.info(
+                "party %s: closed session %s, idle for over %gs, and its %d value(s)",
+                self.name,
+                session.id,
+                self._sessions.idle_timeout,
+                len(session),
+            )
+        return len(expired)
 
     @handle_errors
     def CloseSession(
@@ -75,7 +119,8 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
 
     @handle_errors
     def Put(self, chunks: Iterator[bytes], context: grpc.ServicerContext) -> pb.PutReply:
-        return self._put(chunks)
+        self._uploads.hold_for(context)
+        return self._put(self._watch.watch(context, chunks))
 
     @handle_errors
     def PutSmall(self, chunk: bytes, context: grpc.ServicerContext) -> pb.PutReply:
@@ -94,18 +139,23 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     def LoadProgram(
         self, chunks: Iterator[bytes], context: grpc.ServicerContext
     ) -> pb.LoadProgramReply:
-        header, parts = read_chunks(chunks, pb.ProgramChunk, "LoadProgram")
+        self._uploads.hold_for(context)
+        messages = self._watch.watch(context, chunks)
+        header, parts = read_chunks(messages, pb.ProgramChunk, "LoadProgram")
         self._sessions.get(header.session)
         where = f"program {header.digest[:12]}"
         if header.size > MAX_PROGRAM_BYTES:
             raise BadRequest(
                 f"{where}: {header.size} bytes is over the limit of {MAX_PROGRAM_BYTES}"
             )
-        data = receive_bytes(header.size, parts, where).tobytes()
+        data = receive_joined(header.size, parts, where)
         digest = hashlib.sha256(data).hexdigest()
         if digest != header.digest:
-            raise BadRequest(f"{where}: the bytes received have digest {digest}")
-        return pb.LoadProgramReply(digest=self._party.load_program(data))
+            raise BadRequest(
+                f"{where}: the bytes received have digest {digest}, the header says {header.digest}"
+            )
+        # Execute names the digest of these bytes, so they must be the canonical form.
+        return pb.LoadProgramReply(digest=self._party.load_program(data, expected_digest=digest))
 
     @handle_errors
     def Execute(self, request: pb.ExecuteRequest, context: grpc.ServicerContext) -> pb.ExecuteReply:
@@ -130,10 +180,14 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             )
         outputs = [check_name(name, f"output {i}") for i, name in enumerate(request.outputs)]
         inputs = self._inputs(session, list(request.inputs), interpreter.input_ops)
+        run_id = scoped_id(session.id, exec_id)
+        self._executes.take()
         try:
-            values = self._run(request.digest, exec_id, inputs, request.timeout, context)
+            values = self._run(request.digest, run_id, inputs, request.timeout, context)
         except EXECUTION_ERRORS as exc:
             return failure_reply(exc)
+        finally:
+            self._executes.give_back()
         session.store(
             {name: value for name, value in zip(outputs, values, strict=True) if value is not None}
         )
@@ -142,31 +196,38 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     def _run(
         self,
         digest: str,
-        exec_id: str,
+        run_id: str,
         inputs: list[Any],
         timeout: float,
         context: grpc.ServicerContext,
     ) -> list[Any]:
-        """Run one execution; if its call ends first (the driver cancelled or went away),
-        its receives are aborted so it does not wait out the timeout."""
+        """Run one execution (`run_id` as `scoped_id` makes it); if its call ends first (the
+        driver cancelled or went away), it is aborted so it does not wait out the timeout."""
         with self._lock:
-            if exec_id in self._running:
-                raise BadRequest(f"execution {exec_id} is already running on this party")
-            self._running.add(exec_id)
+            if run_id in self._running:
+                raise BadRequest(f"execution {run_id} is already running on this party")
+            self._running.add(run_id)
         finished = threading.Event()
 
         def on_call_done() -> None:
             if not finished.is_set():
-                self._mailbox.abort(exec_id, "the driver cancelled the execution")
+                self._abort(run_id, "the driver cancelled the execution")
 
         context.add_callback(on_call_done)
+        self._mailbox.start(run_id)
         try:
-            return self._party.execute(digest, exec_id, inputs, timeout)
+            return self._party.execute(digest, run_id, inputs, timeout)
         finally:
             finished.set()
-            self._mailbox.finish(exec_id)
+            self._mailbox.finish(run_id)
+            self._comm.finish(run_id)
             with self._lock:
-                self._running.discard(exec_id)
+                self._running.discard(run_id)
+
+    def _abort(self, run_id: str, reason: str) -> None:
+        """Wake the receives of `run_id` and cancel its sends in flight."""
+        self._mailbox.abort(run_id, reason)
+        self._comm.cancel(run_id)
 
     def _inputs(self, session: Session, names: list[str], held: list[Any]) -> list[Any]:
         """Argument values this party holds (None elsewhere), checked against the program."""
@@ -186,7 +247,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortReply:
         self._sessions.get(request.session)
         exec_id = check_id(request.exec_id, "exec_id")
-        self._mailbox.abort(exec_id, request.reason or "aborted by the driver")
+        self._abort(scoped_id(request.session, exec_id), request.reason or "aborted by the driver")
         return pb.AbortReply()
 
     @handle_errors
@@ -195,7 +256,8 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         session.release(request.release)
         value = session.get(request.name)
         array = codec.as_host_array(np.asarray(value))
-        return encode_chunks(codec.encode_type(array), array)
+        self._downloads.hold_for(context)
+        return self._watch.watch(context, encode_chunks(codec.encode_type(array), array))
 
     @handle_errors
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseReply:

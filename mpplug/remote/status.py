@@ -15,6 +15,7 @@ from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import open_channel
 from mpplug.remote.rpc import status_of
+from mpplug.remote.tls import channel_credentials
 
 UNREACHABLE = "UNREACHABLE"
 
@@ -38,10 +39,12 @@ class PartyStatus:
 def query_status(
     spec: ClusterSpec, party: str, timeout: float = 2.0, *, tls: TLSFiles | None = None
 ) -> PartyStatus:
-    """Check `party` of `spec`; with TLS the client presents `tls`, else the party's own files."""
+    """Check `party` of `spec`; with TLS the client presents `tls`, else the party's own files
+    (a ConfigError if they cannot be read)."""
     target = spec.party(party)
     files = tls if tls is not None else target.tls
-    with open_channel(target.endpoint, files, keepalive_s=max(timeout, 1.0)) as channel:
+    credentials = channel_credentials(files) if files is not None else None
+    with open_channel(target.endpoint, credentials, keepalive_s=max(timeout, 1.0)) as channel:
         try:
             health = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout

@@ -173,6 +173,20 @@ def receive_bytes(size: int, parts: Iterable[Any], where: str) -> np.ndarray[Any
     return buffer
 
 
+def receive_joined(size: int, parts: Iterable[Any], where: str) -> bytes:
+    """Exactly `size` bytes as one bytes object, copied once, straight from the messages."""
+    held = []
+    filled = 0
+    for part in parts:
+        filled += len(part)
+        if filled > size:
+            raise WireError(f"{where}: received more than the {size} bytes declared")
+        held.append(part)
+    if filled != size:
+        raise WireError(f"{where}: the stream ended after {filled} of {size} declared bytes")
+    return b"".join(held)
+
+
 def receive_tensor(ttype: TensorType, parts: Iterable[Any], where: str) -> np.ndarray[Any, Any]:
     """A tensor of the (already validated) type `ttype` from its streamed bytes."""
     return codec.from_buffer(ttype, receive_bytes(ttype.nbytes, parts, where), where)

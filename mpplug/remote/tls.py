@@ -1,6 +1,8 @@
 """Mutual TLS for every channel of a cluster: credentials from PEM files, and who a caller is.
 
 Servers require a client certificate signed by the cluster CA; a certificate's CN is the party name.
+The PEM files are checked when credentials are made, so a bad file stops a party or driver at
+start with an error naming it, not at its first connection.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from mpplug.config import ClusterSpec, TLSFiles
 from mpplug.errors import ConfigError
@@ -23,21 +27,55 @@ def _read(path: Path, what: str) -> bytes:
         raise ConfigError(f"cannot read TLS {what} {path}: {exc.strerror}") from None
 
 
+def _certificates(path: Path, what: str) -> tuple[bytes, x509.Certificate]:
+    """The PEM bytes of `path` and the first certificate in it."""
+    data = _read(path, what)
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError as exc:
+        raise ConfigError(
+            f"TLS {what} {path}: expected PEM certificates, got a file that does not parse "
+            f"as one ({exc})"
+        ) from None
+    return data, certs[0]
+
+
+def _key(path: Path, cert: x509.Certificate, cert_path: Path) -> bytes:
+    """The PEM bytes of `path`, checked to be the unencrypted private key of `cert`."""
+    data = _read(path, "key")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"TLS key {path}: expected an unencrypted PEM private key, got a file that does "
+            f"not load as one ({exc})"
+        ) from None
+    der, spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(der, spki) != cert.public_key().public_bytes(der, spki):
+        raise ConfigError(f"TLS key {path} is not the key of certificate {cert_path}")
+    return data
+
+
+def _load(files: TLSFiles) -> tuple[bytes, bytes, bytes]:
+    """The CA, certificate and key PEM bytes of `files`, each checked."""
+    ca = _certificates(files.ca, "CA certificate")[0]
+    cert, leaf = _certificates(files.cert, "certificate")
+    return ca, cert, _key(files.key, leaf, files.cert)
+
+
 def server_credentials(files: TLSFiles) -> grpc.ServerCredentials:
     """Serve with `files.cert`; accept only clients with a certificate signed by `files.ca`."""
+    ca, cert, key = _load(files)
     return grpc.ssl_server_credentials(
-        [(_read(files.key, "key"), _read(files.cert, "certificate"))],
-        root_certificates=_read(files.ca, "CA certificate"),
-        require_client_auth=True,
+        [(key, cert)], root_certificates=ca, require_client_auth=True
     )
 
 
 def channel_credentials(files: TLSFiles) -> grpc.ChannelCredentials:
     """Dial with `files.cert` as our identity; trust only servers signed by `files.ca`."""
+    ca, cert, key = _load(files)
     return grpc.ssl_channel_credentials(
-        root_certificates=_read(files.ca, "CA certificate"),
-        private_key=_read(files.key, "key"),
-        certificate_chain=_read(files.cert, "certificate"),
+        root_certificates=ca, private_key=key, certificate_chain=cert
     )
 
 

@@ -12,9 +12,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from mpplug.errors import CommTimeoutError, ExecutionAborted
+from mpplug.errors import CommTimeoutError, ExecutionAborted, MPPlugError
 
 ABORTED_MEMORY = 4096
+"""How many aborted and finished executions a mailbox remembers, to drop late values for them."""
+
+MAX_REASON_CHARS = 256
+"""An abort reason is cut to this many characters (it is remembered and shown in errors)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,21 +49,67 @@ class Communicator(ABC):
         """The value sent to this party under `key`; CommTimeoutError after `timeout` s."""
 
 
-class Mailbox:
-    """Values delivered to one party, waiting to be received; executions can be aborted."""
+class MailboxFull(MPPlugError):
+    """A source has more bytes waiting in a mailbox than it allows; the value is refused."""
 
-    def __init__(self, rank: int) -> None:
+
+class Mailbox:
+    """Values delivered to one party, waiting to be received; executions can be aborted.
+
+    Values of an execution that has finished or been aborted here are dropped, and so are
+    later ones for it. Limits, both off by default: `max_pending_bytes` caps the bytes of
+    values from one source that wait here (a delivery over it raises MailboxFull; a value
+    is always let in when none of its source's wait, however large), and
+    `unclaimed_ttl` drops values of an execution not started here (`start`) within that
+    many seconds of its first value (`expire` does the dropping).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        *,
+        max_pending_bytes: int | None = None,
+        unclaimed_ttl: float | None = None,
+    ) -> None:
         self.rank = rank
-        self._values: dict[Key, Any] = {}
+        self.max_pending_bytes = max_pending_bytes
+        self.unclaimed_ttl = unclaimed_ttl
+        self._values: dict[str, dict[Key, tuple[Any, int]]] = {}
+        self._bytes_from: dict[int, int] = {}
+        self._started: set[str] = set()
+        self._unclaimed: OrderedDict[str, float] = OrderedDict()  # first delivery, by exec id
         self._aborted: OrderedDict[str, str] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
         self._cond = threading.Condition()
 
-    def deliver(self, key: Key, value: Any) -> None:
+    def deliver(self, key: Key, value: Any, nbytes: int = 0) -> None:
+        """Hold `value` (of `nbytes` bytes, counted against its source) until taken."""
         with self._cond:
-            if key.exec_id in self._aborted:
+            if key.exec_id in self._aborted or key.exec_id in self._finished:
                 return
-            self._values[key] = value
+            waiting = self._bytes_from.get(key.src, 0)
+            if not self._fits(waiting, nbytes):
+                raise MailboxFull(
+                    f"party {self.rank}: value {key} ({nbytes} bytes) refused: party {key.src} "
+                    f"already has {waiting} bytes waiting here, the limit is "
+                    f"{self.max_pending_bytes}"
+                )
+            values = self._values.setdefault(key.exec_id, {})
+            old = values.get(key)
+            self._bytes_from[key.src] = waiting + nbytes - (old[1] if old else 0)
+            values[key] = (value, nbytes)
+            if key.exec_id not in self._started:
+                self._unclaimed.setdefault(key.exec_id, time.monotonic())
             self._cond.notify_all()
+
+    def has_room(self, src: int, nbytes: int) -> bool:
+        """Whether `nbytes` more from `src` would fit now (deliver checks again)."""
+        with self._cond:
+            return self._fits(self._bytes_from.get(src, 0), nbytes)
+
+    def _fits(self, waiting: int, nbytes: int) -> bool:
+        cap = self.max_pending_bytes
+        return cap is None or not waiting or waiting + nbytes <= cap
 
     def take(self, key: Key, timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -70,31 +120,72 @@ class Mailbox:
                     raise ExecutionAborted(
                         f"party {self.rank}: execution {key.exec_id} aborted ({reason})"
                     )
-                if key in self._values:
-                    return self._values.pop(key)
+                values = self._values.get(key.exec_id)
+                if values is not None and key in values:
+                    value, nbytes = values.pop(key)
+                    self._bytes_from[key.src] -= nbytes
+                    if not values:
+                        del self._values[key.exec_id]
+                    return value
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CommTimeoutError(self.rank, key.src, str(key), timeout)
                 self._cond.wait(remaining)
 
+    def start(self, exec_id: str) -> None:
+        """`exec_id` runs here now: its values wait until it finishes, whatever their age."""
+        with self._cond:
+            self._started.add(exec_id)
+            self._unclaimed.pop(exec_id, None)
+
     def abort(self, exec_id: str, reason: str) -> None:
         """Wake every receive of `exec_id` with ExecutionAborted and drop its values."""
         with self._cond:
-            self._aborted[exec_id] = reason
-            while len(self._aborted) > ABORTED_MEMORY:
-                self._aborted.popitem(last=False)
+            self._aborted[exec_id] = reason[:MAX_REASON_CHARS]
+            _forget_oldest(self._aborted)
             self._drop(exec_id)
             self._cond.notify_all()
 
     def finish(self, exec_id: str) -> None:
-        """Drop values of a finished execution that nobody received."""
+        """Drop values of a finished execution that nobody received, and any sent later."""
         with self._cond:
+            self._finished[exec_id] = None
+            _forget_oldest(self._finished)
             self._drop(exec_id)
 
+    def expire(self) -> int:
+        """Drop the values of executions not started here within `unclaimed_ttl` seconds of
+        their first value; returns how many values were dropped."""
+        if self.unclaimed_ttl is None:
+            return 0
+        cutoff = time.monotonic() - self.unclaimed_ttl
+        dropped = 0
+        with self._cond:
+            while self._unclaimed:
+                exec_id, first = next(iter(self._unclaimed.items()))
+                if first > cutoff:
+                    break
+                dropped += len(self._values.get(exec_id, ()))
+                self._drop(exec_id)
+        return dropped
+
     def _drop(self, exec_id: str) -> None:
-        for key in [k for k in self._values if k.exec_id == exec_id]:
-            del self._values[key]
+        self._started.discard(exec_id)
+        self._unclaimed.pop(exec_id, None)
+        for key, (_, nbytes) in self._values.pop(exec_id, {}).items():
+            self._bytes_from[key.src] -= nbytes
 
     def pending(self) -> int:
+        """How many values wait here."""
         with self._cond:
-            return len(self._values)
+            return sum(len(values) for values in self._values.values())
+
+    def pending_bytes(self, src: int) -> int:
+        """The bytes of values from `src` that wait here."""
+        with self._cond:
+            return self._bytes_from.get(src, 0)
+
+
+def _forget_oldest(memory: OrderedDict[str, Any]) -> None:
+    while len(memory) > ABORTED_MEMORY:
+        memory.popitem(last=False)

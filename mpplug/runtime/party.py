@@ -43,9 +43,18 @@ class Party:
     def has_program(self, digest: str) -> bool:
         return digest in self._programs
 
-    def load_program(self, data: bytes) -> str:
-        """Parse and plan program bytes (once per digest); return the digest."""
+    def load_program(self, data: bytes, expected_digest: str | None = None) -> str:
+        """Parse and plan program bytes (once per digest); return the digest.
+
+        With `expected_digest`, bytes whose canonical form has another digest are refused
+        before anything is cached.
+        """
         graph = Graph.from_bytes(data)
+        if expected_digest is not None and graph.digest != expected_digest:
+            raise InvalidProgramError(
+                f"expected the program's canonical bytes (Graph.to_bytes(), digest "
+                f"{graph.digest}), got other bytes for it (digest {expected_digest})"
+            )
         if graph.world_size != self.world_size:
             raise InvalidProgramError(
                 f"program {graph.name!r} is for {graph.world_size} parties, "
