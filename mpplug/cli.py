@@ -166,19 +166,15 @@ def _say(text: str = "") -> None:
 
 # -- serve ------------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> int:
-    # config errors: our one line, exit 2; only this party's TLS files live on this host
-    spec = ClusterSpec.from_yaml(args.config, files_of=[args.party])
-    if args.party not in spec.names:
-        raise ConfigError(f"{args.config}: no party named {args.party!r}; parties: {spec.names}")
-    from mpplug.remote.server import PartyServer, serve_forever
+    from mpplug.remote.server import serve_party
 
-    server = PartyServer(
-        spec,
+    # config errors become our one line and exit code 2
+    return serve_party(
+        args.config,
         args.party,
         timeout=args.timeout,
         session_idle_timeout=args.session_idle_timeout,
     )
-    return serve_forever(server)
 
 
 # -- up ---------------------------------------------------------------------------------------

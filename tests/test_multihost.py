@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from mpplug import cli
 from mpplug.config import ClusterSpec
 from mpplug.demo import millionaire
 from mpplug.remote.driver import Driver
+from mpplug.remote.launch import stop_processes
 from mpplug.remote.status import query_status
 from mpplug.remote.tls import driver_tls
 
@@ -174,16 +174,7 @@ class Servers:
 
     def stop(self, grace: float = 15.0) -> dict[str, int]:
         """SIGTERM each, SIGKILL any still running after `grace`; their exit codes."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for process in self.processes.values():
-            try:
-                process.wait(max(deadline - time.monotonic(), 0.0))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(self.processes.values(), grace)
         return {name: p.returncode for name, p in self.processes.items()}
 
     def log_tails(self) -> str:

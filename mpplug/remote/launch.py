@@ -93,16 +93,7 @@ class LocalParties:
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every party, then SIGKILL those still running after `grace` seconds."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + grace
-        for process in self.processes.values():
-            try:
-                process.wait(max(deadline - time.monotonic(), 0.0))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(self.processes.values(), grace)
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
@@ -127,3 +118,18 @@ class LocalParties:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def stop_processes(processes: Iterable[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM each process, then SIGKILL any still running `grace` seconds later."""
+    processes = list(processes)
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import FrameType
 
 import grpc
@@ -242,6 +243,21 @@ def serve_forever(server: PartyServer) -> int:
     return 0
 
 
+def serve_party(
+    config: str | Path, party: str, *, timeout: float, session_idle_timeout: float
+) -> int:
+    """Serve `party` of the cluster file `config` until SIGTERM or SIGINT (exit code 0).
+
+    Only this party's TLS files need exist on this host; a bad file or an unknown party is a
+    ConfigError.
+    """
+    spec = ClusterSpec.from_yaml(config, files_of=[party])
+    if party not in spec.names:
+        raise ConfigError(f"{config}: no party named {party!r}; parties: {spec.names}")
+    server = PartyServer(spec, party, timeout=timeout, session_idle_timeout=session_idle_timeout)
+    return serve_forever(server)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one party in the foreground until SIGTERM or SIGINT."""
     parser = argparse.ArgumentParser(
@@ -261,14 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        spec = ClusterSpec.from_yaml(args.config, files_of=[args.party])
-        server = PartyServer(
-            spec,
+        return serve_party(
+            args.config,
             args.party,
             timeout=args.timeout,
             session_idle_timeout=args.session_idle_timeout,
         )
-        return serve_forever(server)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
