@@ -225,21 +225,29 @@ def keep_chunk_memory() -> None:
     mallopt(_M_TRIM_THRESHOLD, 64 * CHUNK_BYTES)
 
 
+SIGNAL_POLL_S = 0.5
+"""How often the main thread wakes while serving (signal handlers also wake it at once)."""
+
+
 def serve_forever(server: PartyServer) -> int:
     """Start `server` and serve in the foreground until SIGTERM or SIGINT; returns 0 after a
     clean shutdown. Errors starting it (ConfigError) propagate. For the main thread only."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    server.start()
-    keep_chunk_memory()
     name = server.party.name
+    stop_requested = threading.Event()
 
     def shut_down(signum: int, frame: FrameType | None) -> None:
         log.info("party %s: %s, shutting down", name, signal.Signals(signum).name)
-        threading.Thread(target=server.stop, name="mpplug-shutdown").start()
+        stop_requested.set()
 
+    # Handlers first: a signal that arrives while the server starts still stops it cleanly.
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
-    server.wait()
+    server.start()
+    keep_chunk_memory()
+    while not stop_requested.wait(SIGNAL_POLL_S):
+        pass
+    server.stop()
     return 0
 
 
