@@ -28,7 +28,7 @@ from mpplug.remote.streaming import CHUNK_BYTES
 
 from .clusters import in_process
 
-IDLE_S = 1.5
+IDLE_S = 3.0
 
 
 @mp.function
