@@ -35,7 +35,9 @@ class Key:
 
 
 class Communicator(ABC):
-    """A party's link to its peers: send is non-blocking, receive waits up to a timeout."""
+    """A party's link to its peers. `send` returns once the value is handed over (in memory,
+    or delivered to the peer over the network, bounded by a deadline); `recv` waits up to a
+    timeout. Neither may block forever."""
 
     rank: int
     world_size: int
