@@ -64,6 +64,10 @@ def __getattr__(name: str) -> Any:
         from simulator import Simulator
 
         return Simulator
+    if name == "mpc":
+        import mpplug.mpc
+
+        return mpplug.mpc
     if name == "Driver":
         from mpplug.remote.driver import Driver
 
@@ -107,6 +111,7 @@ __all__ = [
     "invoke",
     "jax_export",
     "kernel",
+    "mpc",
     "p2p",
     "prand",
     "prank",

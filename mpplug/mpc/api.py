@@ -1,0 +1,274 @@
+"""`seal`, `run` and `reveal`: secure computation inside `@mp.function` programs.
+
+`run` traces the user's JAX function to a jaxpr, interprets it on shares into one share
+program (the same for every computing party) and emits it round by round (see `rounds`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mpplug.core.mpobject import MPObject
+from mpplug.core.parties import format_parties
+from mpplug.errors import TraceError
+from mpplug.frontend.jax_export import function_name
+from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
+from mpplug.mpc import ring
+from mpplug.mpc.aby3 import ABY3
+from mpplug.mpc.interpreter import Interpreter, Secret, is_float
+from mpplug.mpc.protocol import Context, Protocol
+from mpplug.mpc.rounds import emit_rounds
+from mpplug.mpc.sealed import Sealed
+
+DEFAULT_FRAC_BITS = 18
+"""Fraction bits of fixed point, as SPU's FM64 default."""
+PROTOCOLS: dict[str, Protocol] = {"aby3": ABY3()}
+
+
+@dataclass
+class _ProgramState:
+    """Per program being traced: each computing set's context values and stream counter."""
+
+    contexts: dict[tuple[int, ...], list[TracedValue]] = field(default_factory=dict)
+    streams: Iterator[int] = field(default_factory=itertools.count)
+
+
+_states: weakref.WeakKeyDictionary[GraphBuilder, _ProgramState] = weakref.WeakKeyDictionary()
+
+
+def _state(builder: GraphBuilder) -> _ProgramState:
+    state = _states.get(builder)
+    if state is None:
+        state = _states[builder] = _ProgramState()
+    return state
+
+
+def _protocol(name: str, where: str) -> Protocol:
+    try:
+        return PROTOCOLS[name]
+    except KeyError:
+        raise TraceError(
+            f"{where}: unknown protocol {name!r}; known: {', '.join(sorted(PROTOCOLS))}"
+        ) from None
+
+
+def _computing_parties(
+    builder: GraphBuilder, parties: Any, protocol: Protocol, where: str
+) -> tuple[int, ...]:
+    n = protocol.n_parties
+    if parties is None:
+        if builder.world_size != n:
+            raise TraceError(
+                f"{where}: the world has {builder.world_size} parties; {protocol.name} computes "
+                f"among exactly {n}: say which with parties=[...]"
+            )
+        return tuple(range(n))
+    if isinstance(parties, int | str):
+        parties = [parties]
+    ranks = tuple(builder.resolve_party(p, where) for p in parties)
+    if len(ranks) != n or len(set(ranks)) != n:
+        raise TraceError(
+            f"{where}: {protocol.name} expects {n} distinct computing parties, got {list(parties)}"
+        )
+    return ranks
+
+
+def _encoder(dtype: np.dtype[Any], frac_bits: int) -> Callable[[Any], Any]:
+    if is_float(dtype):
+        return lambda v: ring.encode(v, frac_bits)
+    return ring.to_ring
+
+
+def seal(
+    x: Any,
+    parties: Sequence[int | str] | None = None,
+    *,
+    frac_bits: int = DEFAULT_FRAC_BITS,
+    protocol: str = "aby3",
+) -> Any:
+    """Secret-share `x` (a pytree of values each held by one party) among `parties`.
+
+    Floats are encoded in fixed point with `frac_bits` fraction bits; ints and bools stay
+    integers. The holder may be inside or outside the computing set.
+    """
+    builder = current_builder("mpc.seal")
+    where = "mp.mpc.seal"
+    proto = _protocol(protocol, where)
+    ranks = _computing_parties(builder, parties, proto, where)
+    if not 0 < frac_bits < 32:
+        raise TraceError(f"{where}: expected frac_bits in 1..31, got {frac_bits}")
+    leaves, tree = jax.tree.flatten(x, is_leaf=lambda v: isinstance(v, Sealed))
+    if not leaves:
+        raise TraceError(f"{where}: expected party values to seal, got {x!r}")
+    sealed = []
+    for i, leaf in enumerate(leaves):
+        at = f"{where} leaf {i}"
+        if isinstance(leaf, Sealed):
+            raise TraceError(f"{at}: {leaf!r} is sealed already")
+        if not isinstance(leaf, MPObject):
+            raise TraceError(
+                f"{at}: expected a party value (the result of an mp primitive or a program "
+                f"argument), got {type(leaf).__name__}; public constants need no sealing: "
+                f"pass them to mp.mpc.run as they are"
+            )
+        value = builder.value(leaf, at)
+        if len(value.parties) != 1:
+            raise TraceError(
+                f"{at}: expected a value held by one party, got one held by "
+                f"{format_parties(value.parties)}; pick its owner first, e.g. with mp.p2p"
+            )
+        (owner,) = value.parties
+        dtype = value.dtype.numpy
+        shares = proto.share(value, owner, ranks, _encoder(dtype, frac_bits))
+        sealed.append(
+            Sealed(shares, value.shape, dtype, ranks, frac_bits=frac_bits, protocol=proto.name)
+        )
+    return jax.tree.unflatten(tree, sealed)
+
+
+def _x64_needed(dtypes: Sequence[Any]) -> bool:
+    return any(np.dtype(d).itemsize == 8 for d in dtypes)
+
+
+def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run the JAX function `fn` on sealed values (and public ones) under the protocol.
+
+    Sealed leaves are secret inputs; party values held by every computing party are public
+    inputs; anything else is a constant of the computation. Every output comes back sealed.
+    """
+    builder = current_builder("mpc.run")
+    name = function_name(fn)
+    where = f"mp.mpc.run({name})"
+    leaves, tree = jax.tree.flatten((args, kwargs), is_leaf=lambda v: isinstance(v, Sealed))
+    sealed = [leaf for leaf in leaves if isinstance(leaf, Sealed)]
+    if not sealed:
+        raise TraceError(f"{where}: expected at least one sealed argument (mp.mpc.seal), got none")
+    first = sealed[0]
+    for s in sealed[1:]:
+        if (s.parties, s.frac_bits, s.protocol) != (first.parties, first.frac_bits, first.protocol):
+            raise TraceError(
+                f"{where}: sealed arguments disagree: {first!r} and {s!r} (computing parties, "
+                f"fixed point and protocol must match)"
+            )
+    proto = _protocol(first.protocol, where)
+    parties = first.parties
+    dynamic: list[int] = []
+    secret_inputs: list[TracedValue] = []
+    public_inputs: list[TracedValue] = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, Sealed):
+            dynamic.append(i)
+            secret_inputs.append(builder.value(leaf.shares, f"{where} sealed argument {i}"))
+        elif isinstance(leaf, MPObject):
+            value = builder.value(leaf, f"{where} argument leaf {i}")
+            if not set(parties) <= value.parties:
+                raise TraceError(
+                    f"{where}: argument leaf {i} ({value.type}) is held by "
+                    f"{format_parties(value.parties)}; a public input must be held by every "
+                    f"computing party {format_parties(parties)} (seal it if it is secret)"
+                )
+            dynamic.append(i)
+            public_inputs.append(value)
+    specs = [
+        jax.ShapeDtypeStruct(leaves[i].shape, np.dtype(leaves[i].dtype)
+                             if isinstance(leaves[i], Sealed) else leaves[i].dtype.numpy)
+        for i in dynamic
+    ]
+    out_trees: list[Any] = []
+
+    def flat_fn(*values: Any) -> list[Any]:
+        full = list(leaves)
+        for i, value in zip(dynamic, values, strict=True):
+            full[i] = value
+        call_args, call_kwargs = jax.tree.unflatten(tree, full)
+        outs, out_tree = jax.tree.flatten(fn(*call_args, **call_kwargs))
+        out_trees.append(out_tree)
+        return outs
+
+    x64 = _x64_needed([s.dtype for s in specs])
+    with jax.enable_x64(x64 or bool(jax.config.read("jax_enable_x64"))):
+        closed = jax.make_jaxpr(flat_fn)(*specs)
+    state = _state(builder)
+    context = state.contexts.get(parties)
+    if context is None:
+        context = state.contexts[parties] = proto.setup(parties)
+    secret_positions = {i for i in dynamic if isinstance(leaves[i], Sealed)}
+    metas: list[tuple[tuple[int, ...], np.dtype[Any], bool]] = []
+
+    def share_program(role: Any, keys: Any, *inputs: Any) -> list[Any]:
+        ctx = Context(role, keys, first.frac_bits, lambda: next(state.streams))
+        interpreter = Interpreter(proto, ctx, where)
+        secrets = iter(inputs[: len(secret_inputs)])
+        publics = iter(inputs[len(secret_inputs):])
+        values = []
+        for i in dynamic:
+            if i in secret_positions:
+                s = leaves[i]
+                values.append(Secret(next(secrets), s.shape, s.dtype, s.boolean))
+            else:
+                values.append(next(publics))
+        outs = interpreter.eval(closed.jaxpr, closed.consts, values)
+        shares = []
+        for out in outs:
+            if isinstance(out, Secret):
+                metas.append((out.shape, out.dtype, out.boolean))
+                shares.append(out.shares)
+            else:
+                public = jnp.asarray(out)
+                metas.append((public.shape, public.dtype, False))
+                shares.append(interpreter.arith(public, public.dtype))
+        return shares
+
+    avals = [jax.ShapeDtypeStruct(v.shape, v.dtype.numpy) for v in context]
+    avals += [proto.shares_aval(leaves[i].shape) for i in sorted(secret_positions)]
+    avals += [jax.ShapeDtypeStruct(v.shape, v.dtype.numpy) for v in public_inputs]
+    with jax.enable_x64(True):
+        program = jax.make_jaxpr(share_program)(*avals)
+    outputs = emit_rounds(
+        program, [*context, *secret_inputs, *public_inputs], parties, name, builder.platforms
+    )
+    results = [
+        Sealed(out, shape, dtype, parties, frac_bits=first.frac_bits, boolean=boolean,
+               protocol=proto.name)
+        for out, (shape, dtype, boolean) in zip(outputs, metas, strict=True)
+    ]
+    return jax.tree.unflatten(out_trees[-1], results)
+
+
+def reveal(x: Any, to: int | str | Sequence[int | str] | None = None) -> Any:
+    """Open sealed values: to one party, a list of parties, or (None) every computing party.
+
+    Returns party values held by exactly those parties.
+    """
+    builder = current_builder("mpc.reveal")
+    where = "mp.mpc.reveal"
+    leaves, tree = jax.tree.flatten(x, is_leaf=lambda v: isinstance(v, Sealed))
+    opened = []
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, Sealed):
+            raise TraceError(f"{where}: leaf {i} is {type(leaf).__name__}, not a sealed value")
+        shares = builder.value(leaf.shares, f"{where} leaf {i}")
+        targets = leaf.parties if to is None else builder.resolve_parties(to, where)
+        dtype, frac_bits, boolean = leaf.dtype, leaf.frac_bits, leaf.boolean
+
+        def decode(v: Any, dtype: Any = dtype, frac_bits: int = frac_bits,
+                   boolean: bool = boolean) -> Any:
+            if boolean:
+                return (v & np.uint64(1)).astype(dtype)
+            if is_float(dtype):
+                return ring.decode(v, frac_bits, dtype)
+            if dtype == np.bool_:
+                return v != 0
+            return v.astype(jnp.int64).astype(dtype)
+
+        proto = _protocol(leaf.protocol, where)
+        opened.append(proto.open(shares, boolean, leaf.parties, sorted(targets), decode))
+    return jax.tree.unflatten(tree, opened)

@@ -1,0 +1,108 @@
+"""Approximations of real functions on fixed-point shares, built from products, public
+constants and sign tests only. Each states its method and the input range it is meant for;
+the errors measured against float64 are in docs/mpc.md and pinned in tests/test_mpc_rules.py.
+"""
+
+from __future__ import annotations
+
+from mpplug.mpc.fixed import Fxp
+from mpplug.mpc.protocol import Shares
+
+EXP_SQUARINGS = 8
+"""exp(x) = (1 + x/2^8)^(2^8): SPU's and CrypTen's default limit form."""
+RECIPROCAL_ITERATIONS = 10
+LOG_ITERATIONS = 2
+LOG_ORDER = 8
+RSQRT_ITERATIONS = 5
+
+
+def exp(fx: Fxp, x: Shares) -> Shares:
+    """e^x as (1 + x/256)^256, 17 rounds. Relative error about x^2/512 (3% at |x| = 4, the
+    same as SPU's default); meant for x in [-16, 16], meaningless beyond +-256."""
+    y = fx.add_const(fx.scale_pow2(x, -EXP_SQUARINGS), 1.0)
+    for _ in range(EXP_SQUARINGS):
+        y = fx.mul(y, y)
+    return y
+
+
+def _goldschmidt(fx: Fxp, x: Shares, y: Shares, iterations: int) -> Shares:
+    """1/x from a guess y with |1 - x y| < 1: y <- y (1 + e) and e <- e^2 in parallel, two
+    rounds an iteration; after n iterations the relative error is (1 - x y)^(2^n)."""
+    e = fx.add_const(-fx.mul(x, y), 1.0)
+    for _ in range(iterations):
+        y, e = fx.mul(y, fx.add_const(e, 1.0)), fx.mul(e, e)
+    return y
+
+
+def reciprocal_positive(fx: Fxp, x: Shares) -> Shares:
+    """1/x for x in [0.1, 150]: CrypTen's guess 3 exp(0.5 - x) + 0.003, then ten
+    Goldschmidt iterations (39 rounds)."""
+    guess = fx.add_const(fx.mul_const(exp(fx, fx.add_const(-x, 0.5)), 3.0), 0.003)
+    return _goldschmidt(fx, x, guess, RECIPROCAL_ITERATIONS)
+
+
+def _sign_split(fx: Fxp, x: Shares) -> tuple[Shares, Shares]:
+    """(negative bit, |x|): 11 rounds."""
+    negative = fx.is_negative(x)
+    return negative, x - (fx.times_int(negative, x) << 1)
+
+
+def reciprocal(fx: Fxp, x: Shares) -> Shares:
+    """1/x for |x| in [0.1, 150], either sign (the sign is split off first): 51 rounds."""
+    negative, magnitude = _sign_split(fx, x)
+    inverse = reciprocal_positive(fx, magnitude)
+    return inverse - (fx.times_int(negative, inverse) << 1)
+
+
+def logistic(fx: Fxp, x: Shares) -> Shares:
+    """1 / (1 + e^-x) on |x| (so the denominator d lies in [1, 2]), then 1 - s for x < 0:
+    exp as above, 1/d by four Goldschmidt iterations from 2/3 ((1/3)^16 < 1e-7). 38 rounds;
+    absolute error below 1e-3 for |x| <= 16 (exp's error, damped by the saturation)."""
+    negative, magnitude = _sign_split(fx, x)
+    denominator = fx.add_const(exp(fx, -magnitude), 1.0)
+    guess = fx.const(2.0 / 3.0, x.shape[1:])
+    s = _goldschmidt(fx, denominator, guess, 4)
+    return s + fx.times_int(negative, fx.add_const(-(s << 1), 1.0))
+
+
+def tanh(fx: Fxp, x: Shares) -> Shares:
+    """tanh(x) = 2 logistic(2x) - 1 (38 rounds)."""
+    return fx.add_const(logistic(fx, x << 1) << 1, -1.0)
+
+
+def log(fx: Fxp, x: Shares) -> Shares:
+    """ln x for x in [0.01, 100] (CrypTen's method): guess x/120 - 20 exp(-2x - 1) + 3, then
+    two 8th-order Householder steps y -= sum_k h^k / k with h = 1 - x exp(-y). The error is
+    exp's: about 1e-2 absolute. 67 rounds."""
+    y = fx.mul_const(x, 1 / 120) - fx.mul_const(exp(fx, fx.add_const(-(x << 1), -1.0)), 20.0)
+    y = fx.add_const(y, 3.0)
+    for _ in range(LOG_ITERATIONS):
+        h = fx.add_const(-fx.mul(x, exp(fx, -y)), 1.0)
+        powers = _powers(fx, h, LOG_ORDER)
+        y = y - sum(fx.mul_const(p, 1 / (k + 1)) for k, p in enumerate(powers))
+    return y
+
+
+def _powers(fx: Fxp, h: Shares, order: int) -> list[Shares]:
+    """h, h^2, ..., h^order in ceil(log2(order)) products deep."""
+    powers = [h]
+    while len(powers) < order:
+        top = powers[-1]
+        powers += [fx.mul(p, top) for p in powers[: order - len(powers)]]
+    return powers
+
+
+def rsqrt(fx: Fxp, x: Shares) -> Shares:
+    """1/sqrt(x) for x in [0.1, 100]: CrypTen's guess 2.2 exp(-(x/2 + 0.2)) + 0.2 - x/1024,
+    then five Newton steps y <- y (3 - x y^2) / 2 (relative error below 1e-4; 52 rounds)."""
+    y = fx.mul_const(exp(fx, fx.add_const(-fx.scale_pow2(x, -1), -0.2)), 2.2)
+    y = fx.add_const(y - fx.scale_pow2(x, -10), 0.2)
+    for _ in range(RSQRT_ITERATIONS):
+        t = fx.add_const(-fx.mul(x, fx.mul(y, y)), 3.0)
+        y = fx.protocol.trunc(fx.ctx, fx.protocol.mul(fx.ctx, y, t), fx.f + 1)
+    return y
+
+
+def sqrt(fx: Fxp, x: Shares) -> Shares:
+    """sqrt(x) = x * rsqrt(x) for x in [0.1, 100] (54 rounds)."""
+    return fx.mul(x, rsqrt(fx, x))

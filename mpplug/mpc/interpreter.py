@@ -1,0 +1,536 @@
+"""Runs a user's jaxpr on secret shares: one rule per JAX primitive, applied while the share
+program is traced (so every rule's local work fuses into the round's PFunction).
+
+Values are `Secret` (shares plus the logical type) or public JAX arrays; a primitive whose
+operands are all public runs as itself. Inner jaxprs (pjit, custom_jvp/vjp, remat) are inlined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
+
+from mpplug.errors import TraceError
+from mpplug.mpc import approx, ring
+from mpplug.mpc.fixed import Fxp
+from mpplug.mpc.protocol import Context, Protocol, Shares
+
+
+@dataclass(frozen=True)
+class Secret:
+    """Shares of a tensor of logical `shape` and `dtype`; `boolean`: XOR shares of bit 0."""
+
+    shares: Shares
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    boolean: bool = False
+
+
+Value = Any  # Secret or a public array
+Rule = Callable[["Interpreter", JaxprEqn, list[Value]], Value]
+RULES: dict[str, Rule] = {}
+
+_INLINED = ("pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+            "custom_vjp_call_jaxpr", "remat", "checkpoint", "custom_lin")
+_STRUCTURAL = ("reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "slice",
+               "rev", "copy", "copy_p", "dynamic_slice", "gather", "reduce_precision")
+"""Rearrange elements only: applied to each share, for either kind of shares."""
+_LINEAR: dict[str, tuple[int, ...] | None] = {
+    "add": None, "sub": None, "neg": None, "reduce_sum": None, "cumsum": None,
+    "concatenate": None, "pad": None, "dynamic_update_slice": (0, 1), "add_any": None,
+}
+"""Linear over the ring: the data operands (None: all) are lifted to shares when public."""
+_UNSUPPORTED_HINT = (
+    "write the computation with supported primitives (see docs/mpc.md), or reveal the value"
+)
+
+
+def is_float(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for name in names:
+            RULES[name] = fn
+        return fn
+
+    return register
+
+
+class Interpreter:
+    """Evaluates jaxprs on shares for one share program."""
+
+    def __init__(self, protocol: Protocol, ctx: Context, where: str) -> None:
+        self.protocol = protocol
+        self.ctx = ctx
+        self.fx = Fxp(protocol, ctx)
+        self.where = where
+
+    # -- conversions ------------------------------------------------------------------------
+
+    def encode(self, value: Any, dtype: Any) -> jnp.ndarray:
+        if is_float(dtype):
+            return ring.encode(value, self.ctx.frac_bits)
+        return ring.to_ring(value)
+
+    def arith(self, value: Value, dtype: Any, shape: Sequence[int] | None = None) -> Shares:
+        """Arithmetic shares of a secret or public value (public values lifted)."""
+        if isinstance(value, Secret):
+            shares = value.shares
+            if value.boolean:
+                shares = self.protocol.b2a(self.ctx, shares)
+                if is_float(dtype):
+                    shares = shares << np.uint64(self.ctx.frac_bits)
+            if shape is not None:
+                shares = jnp.broadcast_to(shares, (shares.shape[0], *shape))
+            return shares
+        public = jnp.asarray(value)
+        if shape is not None:
+            public = jnp.broadcast_to(public, shape)
+        return self.protocol.lift(self.ctx, self.encode(public, dtype))
+
+    def boolean(self, value: Value) -> Shares:
+        """XOR shares of bit 0 of a boolean secret or public value."""
+        if isinstance(value, Secret):
+            if value.boolean:
+                return value.shares
+            raise TraceError(
+                f"{self.where}: bitwise logic on an arithmetic secret bool is not supported; "
+                f"{_UNSUPPORTED_HINT}"
+            )
+        return self.protocol.lift(self.ctx, ring.to_ring(jnp.asarray(value)))
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def eval(self, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Value]) -> list[Value]:
+        env: dict[Any, Value] = {}
+
+        def read(v: Any) -> Value:
+            return v.val if isinstance(v, Literal) else env[v]
+
+        for v, value in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = value
+        for v, value in zip(jaxpr.invars, args, strict=True):
+            env[v] = value
+        for eqn in _live(jaxpr):
+            values = [read(v) for v in eqn.invars]
+            outs = self.apply(eqn, values)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            for v, out in zip(eqn.outvars, outs, strict=True):
+                env[v] = out
+        return [read(v) for v in jaxpr.outvars]
+
+    def apply(self, eqn: JaxprEqn, values: list[Value]) -> Any:
+        name = eqn.primitive.name
+        if name in _INLINED:
+            inner = _inner_jaxpr(eqn)
+            return self.eval(inner.jaxpr, inner.consts, values)
+        if not any(isinstance(v, Secret) for v in values):
+            params = eqn.primitive.get_bind_params(eqn.params)
+            return eqn.primitive.bind(*values, **params)
+        if name in _STRUCTURAL:
+            return self._structural(eqn, values)
+        if name in _LINEAR:
+            return self._linear(eqn, values, _LINEAR[name])
+        fn = RULES.get(name)
+        if fn is None:
+            source = _source_line(eqn)
+            raise TraceError(
+                f"{self.where}: no secure rule for the JAX primitive {name!r}"
+                f"{f' (from {source})' if source else ''}; {_UNSUPPORTED_HINT}"
+            )
+        return fn(self, eqn, values)
+
+    def out(self, eqn: JaxprEqn, shares: Shares, *, boolean: bool = False, index: int = 0) -> Secret:
+        aval = eqn.outvars[index].aval
+        return Secret(shares, tuple(aval.shape), np.dtype(aval.dtype), boolean)
+
+    def _bind_on_shares(
+        self, eqn: JaxprEqn, values: list[Value], data: Sequence[int], shares: list[Shares]
+    ) -> Shares:
+        params = eqn.primitive.get_bind_params(eqn.params)
+
+        def on_share(*parts: jnp.ndarray) -> jnp.ndarray:
+            operands = list(values)
+            for i, part in zip(data, parts, strict=True):
+                operands[i] = part
+            return eqn.primitive.bind(*operands, **params)
+
+        return self.protocol.local(on_share, *shares)
+
+    def _structural(self, eqn: JaxprEqn, values: list[Value]) -> Secret:
+        first = values[0]
+        if any(isinstance(v, Secret) for v in values[1:]):
+            raise TraceError(
+                f"{self.where}: {eqn.primitive.name} with a secret index is not supported; "
+                f"{_UNSUPPORTED_HINT}"
+            )
+        result = self._bind_on_shares(eqn, values, (0,), [first.shares])
+        return self.out(eqn, result, boolean=first.boolean)
+
+    def _linear(self, eqn: JaxprEqn, values: list[Value], data: tuple[int, ...] | None) -> Secret:
+        positions = list(range(len(values)) if data is None else data)
+        aval = eqn.outvars[0].aval
+        elementwise = eqn.primitive.name in ("add", "sub", "add_any")
+        shape = aval.shape if elementwise else None
+        shares = [self.arith(values[i], aval.dtype, shape) for i in positions]
+        return self.out(eqn, self._bind_on_shares(eqn, values, positions, shares))
+
+
+def _live(jaxpr: Jaxpr) -> list[JaxprEqn]:
+    needed = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+    live = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            live.append(eqn)
+            needed.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return live[::-1]
+
+
+def _inner_jaxpr(eqn: JaxprEqn) -> ClosedJaxpr:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        inner = eqn.params.get(key)
+        if inner is None:
+            continue
+        if isinstance(inner, ClosedJaxpr):
+            return inner
+        if isinstance(inner, Jaxpr):
+            return ClosedJaxpr(inner, ())
+    raise TraceError(f"mp.mpc.run: cannot inline {eqn.primitive.name}: no inner jaxpr found")
+
+
+def _source_line(eqn: JaxprEqn) -> str:
+    info = getattr(eqn, "source_info", None)
+    traceback = getattr(info, "traceback", None)
+    if traceback is None:
+        return ""
+    for frame in traceback.frames:
+        if "/jax/" not in frame.file_name and "/mpplug/mpc/" not in frame.file_name:
+            return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
+    return ""
+
+
+# -- arithmetic --------------------------------------------------------------------------------
+
+
+@rule("mul")
+def _mul(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    dtype = eqn.outvars[0].aval.dtype
+    shape = eqn.outvars[0].aval.shape
+    if isinstance(x, Secret) and isinstance(y, Secret):
+        product = self.protocol.mul(
+            self.ctx, self.arith(x, dtype, shape), self.arith(y, dtype, shape)
+        )
+    else:
+        secret, public = (x, y) if isinstance(x, Secret) else (y, x)
+        product = self.arith(secret, dtype, shape) * jnp.broadcast_to(
+            self.encode(public, dtype), shape
+        )
+    if is_float(dtype):
+        product = self.protocol.trunc(self.ctx, product, self.ctx.frac_bits)
+    return self.out(eqn, product)
+
+
+@rule("dot_general")
+def _dot_general(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    dims = eqn.params["dimension_numbers"]
+    dtype = eqn.outvars[0].aval.dtype
+    if isinstance(x, Secret) and isinstance(y, Secret):
+        product = self.protocol.dot_general(
+            self.ctx, self.arith(x, dtype), self.arith(y, dtype), dims
+        )
+    elif isinstance(x, Secret):
+        public = self.encode(y, dtype)
+        product = self.protocol.local(lambda a: ring.dot_general(a, public, dims), self.arith(x, dtype))
+    else:
+        public = self.encode(x, dtype)
+        product = self.protocol.local(lambda b: ring.dot_general(public, b, dims), self.arith(y, dtype))
+    if is_float(dtype):
+        product = self.protocol.trunc(self.ctx, product, self.ctx.frac_bits)
+    return self.out(eqn, product)
+
+
+# -- comparisons and selection ---------------------------------------------------------------
+
+
+def _difference(self: Interpreter, x: Value, y: Value, shape: Sequence[int]) -> Shares:
+    dtype = x.dtype if isinstance(x, Secret) else jnp.asarray(y if isinstance(y, Secret) else x).dtype
+    if isinstance(y, Secret):
+        dtype = y.dtype
+    return self.arith(x, dtype, shape) - self.arith(y, dtype, shape)
+
+
+def _not(self: Interpreter, bits: Shares) -> Shares:
+    return self.protocol.xor_public(self.ctx, bits, jnp.uint64(1))
+
+
+@rule("lt", "gt", "le", "ge")
+def _order(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    shape = eqn.outvars[0].aval.shape
+    if eqn.primitive.name in ("gt", "le"):
+        x, y = y, x
+    below = self.protocol.msb(self.ctx, _difference(self, x, y, shape))
+    if eqn.primitive.name in ("le", "ge"):
+        below = _not(self, below)
+    return self.out(eqn, below, boolean=True)
+
+
+@rule("eq", "ne")
+def _equality(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    if not isinstance(y, Secret) or not isinstance(x, Secret) or x is not y:
+        shape = eqn.outvars[0].aval.shape
+        d = _difference(self, x, y, shape)
+        both = self.protocol.msb(self.ctx, jnp.stack([d, -d], axis=1))
+        differ = both[:, 0] ^ both[:, 1]  # x < y or y < x, never both
+    else:  # x != x is the NaN test; fixed-point values are never NaN
+        differ = self.protocol.lift(self.ctx, jnp.zeros(x.shape, ring.RING))
+    return self.out(eqn, _not(self, differ) if eqn.primitive.name == "eq" else differ, boolean=True)
+
+
+@rule("select_n")
+def _select_n(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    pred, *cases = values
+    aval = eqn.outvars[0].aval
+    shares = [self.arith(c, aval.dtype, aval.shape) for c in cases]
+    if not isinstance(pred, Secret):
+        params = eqn.primitive.get_bind_params(eqn.params)
+        return self.out(eqn, self.protocol.local(
+            lambda *parts: eqn.primitive.bind(pred, *parts, **params), *shares
+        ))
+    if len(cases) != 2:
+        raise TraceError(
+            f"{self.where}: select_n with a secret index over {len(cases)} cases is not "
+            f"supported (only a secret bool over two); {_UNSUPPORTED_HINT}"
+        )
+    bit = self.arith(pred, np.int64, aval.shape)
+    return self.out(eqn, shares[0] + self.protocol.mul(self.ctx, bit, shares[1] - shares[0]))
+
+
+def _negative(self: Interpreter, shares: Shares) -> Shares:
+    return self.protocol.b2a(self.ctx, self.protocol.msb(self.ctx, shares))
+
+
+@rule("max", "min")
+def _extremum(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    aval = eqn.outvars[0].aval
+    x, y = (self.arith(v, aval.dtype, aval.shape) for v in values)
+    bit = _negative(self, x - y)  # x < y
+    if eqn.primitive.name == "min":
+        x, y = y, x
+    return self.out(eqn, x + self.protocol.mul(self.ctx, bit, y - x))
+
+
+@rule("abs")
+def _abs(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x = self.arith(values[0], values[0].dtype)
+    bit = _negative(self, x)
+    return self.out(eqn, x - (self.protocol.mul(self.ctx, bit, x) << np.uint64(1)))
+
+
+@rule("sign")
+def _sign(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x = self.arith(values[0], values[0].dtype)
+    bits = self.protocol.b2a(self.ctx, self.protocol.msb(self.ctx, jnp.stack([-x, x], axis=1)))
+    sign = bits[:, 0] - bits[:, 1]
+    if is_float(values[0].dtype):
+        sign = sign << np.uint64(self.ctx.frac_bits)
+    return self.out(eqn, sign)
+
+
+def _reduce_extremum(
+    self: Interpreter, shares: Shares, axis: int, largest: bool, with_index: bool, index_dtype: Any
+) -> tuple[Shares, Shares | None]:
+    """Tournament over `axis`: ceil(log2 n) levels of one comparison and one selection."""
+    x = jnp.moveaxis(shares, axis + 1, -1)
+    n = x.shape[-1]
+    index = self.protocol.lift(self.ctx, jnp.broadcast_to(
+        jnp.arange(n, dtype=jnp.uint64), x.shape[1:]
+    )) if with_index else None
+    while n > 1:
+        half = n // 2
+        a, b = x[..., :half], x[..., half : 2 * half]
+        bit = _negative(self, b - a if largest else a - b)  # 1 where b wins
+        if index is not None:
+            ia, ib = index[..., :half], index[..., half : 2 * half]
+            chosen = self.protocol.mul(self.ctx, jnp.stack([bit, bit], 1), jnp.stack([b - a, ib - ia], 1))
+            merged, merged_index = a + chosen[:, 0], ia + chosen[:, 1]
+            index = jnp.concatenate([merged_index, index[..., 2 * half :]], axis=-1)
+        else:
+            merged = a + self.protocol.mul(self.ctx, bit, b - a)
+        x = jnp.concatenate([merged, x[..., 2 * half :]], axis=-1)
+        n = x.shape[-1]
+    return x[..., 0], (None if index is None else index[..., 0])
+
+
+@rule("reduce_max", "reduce_min")
+def _reduce_max(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x = self.arith(values[0], values[0].dtype)
+    for axis in sorted(eqn.params["axes"], reverse=True):
+        x, _ = _reduce_extremum(self, x, axis, eqn.primitive.name == "reduce_max", False, None)
+    return self.out(eqn, x)
+
+
+@rule("argmax", "argmin")
+def _argmax(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (axis,) = eqn.params["axes"]
+    x = self.arith(values[0], values[0].dtype)
+    _, index = _reduce_extremum(self, x, axis, eqn.primitive.name == "argmax", True, None)
+    return self.out(eqn, index)
+
+
+# -- logic on bools ----------------------------------------------------------------------------
+
+
+def _require_bool(self: Interpreter, eqn: JaxprEqn) -> None:
+    if eqn.outvars[0].aval.dtype != jnp.bool_:
+        raise TraceError(
+            f"{self.where}: bitwise {eqn.primitive.name} on secret integers is not supported "
+            f"(only on bools); {_UNSUPPORTED_HINT}"
+        )
+
+
+@rule("and", "or", "xor")
+def _logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    _require_bool(self, eqn)
+    shape = eqn.outvars[0].aval.shape
+    a, b = (jnp.broadcast_to(s, (s.shape[0], *shape)) for s in map(self.boolean, values))
+    if eqn.primitive.name == "xor":
+        return self.out(eqn, a ^ b, boolean=True)
+    both = self.protocol.and_(self.ctx, a, b, bits=1)
+    return self.out(eqn, both if eqn.primitive.name == "and" else a ^ b ^ both, boolean=True)
+
+
+@rule("not")
+def _logical_not(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    _require_bool(self, eqn)
+    return self.out(eqn, _not(self, self.boolean(values[0])), boolean=True)
+
+
+# -- types -------------------------------------------------------------------------------------
+
+
+@rule("convert_element_type")
+def _convert(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    new = np.dtype(eqn.params["new_dtype"])
+    if new == np.bool_:
+        if x.dtype == np.bool_:
+            return self.out(eqn, x.shares, boolean=x.boolean)
+        raise TraceError(
+            f"{self.where}: converting a secret {x.dtype} to bool is not supported; "
+            f"compare it instead (x != 0)"
+        )
+    if x.boolean:
+        return self.out(eqn, self.arith(x, new))
+    if is_float(x.dtype) == is_float(new):
+        return self.out(eqn, x.shares)
+    if is_float(new):
+        return self.out(eqn, x.shares << np.uint64(self.ctx.frac_bits))
+    # float -> int: floor (JAX rounds toward zero; this differs for negative non-integers)
+    return self.out(eqn, self.protocol.trunc(self.ctx, x.shares, self.ctx.frac_bits))
+
+
+# -- powers and division -----------------------------------------------------------------------
+
+
+def _require_float(self: Interpreter, eqn: JaxprEqn, dtype: Any) -> None:
+    if not is_float(dtype):
+        raise TraceError(
+            f"{self.where}: {eqn.primitive.name} on secret {np.dtype(dtype)} is supported only "
+            f"for floating-point values (fixed point); {_UNSUPPORTED_HINT}"
+        )
+
+
+def _power(self: Interpreter, x: Shares, exponent: int, floating: bool) -> Shares:
+    """x^exponent (exponent >= 1) by square and multiply."""
+    def product(a: Shares, b: Shares) -> Shares:
+        if floating:
+            return self.fx.mul(a, b)
+        return self.protocol.mul(self.ctx, a, b)
+
+    result = None
+    base = x
+    while exponent:
+        if exponent & 1:
+            result = base if result is None else product(result, base)
+        exponent >>= 1
+        if exponent:
+            base = product(base, base)
+    assert result is not None
+    return result
+
+
+@rule("integer_pow")
+def _integer_pow(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    y = eqn.params["y"]
+    floating = is_float(x.dtype)
+    shares = self.arith(x, x.dtype)
+    if y == 0:
+        return self.out(eqn, self.arith(jnp.ones(x.shape, x.dtype), x.dtype))
+    if y < 0:
+        _require_float(self, eqn, x.dtype)
+        return self.out(eqn, approx.reciprocal(self.fx, _power(self, shares, -y, True)))
+    return self.out(eqn, _power(self, shares, y, floating))
+
+
+@rule("square")
+def _square(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    return self.out(eqn, _power(self, self.arith(x, x.dtype), 2, is_float(x.dtype)))
+
+
+@rule("div")
+def _div(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    aval = eqn.outvars[0].aval
+    _require_float(self, eqn, aval.dtype)
+    if not isinstance(y, Secret):
+        inverse = 1.0 / np.asarray(y, np.float64)
+        shares = self.arith(x, aval.dtype, aval.shape)
+        scaled = shares * jnp.broadcast_to(ring.encode(inverse, self.ctx.frac_bits), aval.shape)
+        return self.out(eqn, self.protocol.trunc(self.ctx, scaled, self.ctx.frac_bits))
+    inverse = approx.reciprocal(self.fx, self.arith(y, aval.dtype, aval.shape))
+    if not isinstance(x, Secret):
+        numerator = jnp.broadcast_to(ring.encode(x, self.ctx.frac_bits), aval.shape)
+        return self.out(eqn, self.protocol.trunc(self.ctx, inverse * numerator, self.ctx.frac_bits))
+    return self.out(eqn, self.fx.mul(self.arith(x, aval.dtype, aval.shape), inverse))
+
+
+# -- real functions ----------------------------------------------------------------------------
+
+_APPROXIMATIONS: dict[str, Callable[[Fxp, Shares], Shares]] = {
+    "exp": approx.exp,
+    "log": approx.log,
+    "logistic": approx.logistic,
+    "tanh": approx.tanh,
+    "sqrt": approx.sqrt,
+    "rsqrt": approx.rsqrt,
+}
+
+
+@rule(*_APPROXIMATIONS)
+def _approximation(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    _require_float(self, eqn, x.dtype)
+    return self.out(eqn, _APPROXIMATIONS[eqn.primitive.name](self.fx, self.arith(x, x.dtype)))
+
+
+@rule("log1p")
+def _log1p(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    _require_float(self, eqn, x.dtype)
+    return self.out(eqn, approx.log(self.fx, self.fx.add_const(self.arith(x, x.dtype), 1.0)))

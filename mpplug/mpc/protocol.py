@@ -1,0 +1,105 @@
+"""The protocol interface: what a secret-sharing scheme provides to `mp.mpc`, at the
+program level (setup, seal, reveal) and inside a share program (local ops and exchanges).
+
+A share program is one JAX function run by every computing party (SPMD over roles); its
+only communication is `rounds.exchange`. `aby3` is the implementation shipped; another
+scheme (for example two parties and a dealer) is one more module implementing this class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from mpplug.frontend.tracer import TracedValue
+
+Shares = jnp.ndarray
+"""One party's local shares of a tensor, as the protocol lays them out (ring dtype)."""
+
+
+@dataclass
+class Context:
+    """What a share program knows while it is traced: this party's role, its PRF keys,
+    the fixed-point precision and a counter that gives every random stream its own name."""
+
+    role: jnp.ndarray
+    keys: jnp.ndarray
+    frac_bits: int
+    next_stream: Callable[[], int]
+
+
+class Protocol(ABC):
+    """A secret-sharing protocol over Z_2^64 among `n_parties` computing parties."""
+
+    name: str
+    n_parties: int
+
+    # -- program level ---------------------------------------------------------------------
+
+    @abstractmethod
+    def setup(self, parties: Sequence[int]) -> list[TracedValue]:
+        """Once per program: the per-party context values (role, fresh PRF keys)."""
+
+    @abstractmethod
+    def share(
+        self, x: TracedValue, owner: int, parties: Sequence[int], encode: Callable[[Any], Any]
+    ) -> TracedValue:
+        """Shares of `encode(x)` (a ring array) held by `owner`, among `parties`."""
+
+    @abstractmethod
+    def open(
+        self,
+        shares: TracedValue,
+        boolean: bool,
+        parties: Sequence[int],
+        to: Sequence[int],
+        decode: Callable[[Any], Any],
+    ) -> TracedValue:
+        """The plaintext `decode(value)` at the parties `to`, and nowhere else."""
+
+    # -- inside a share program --------------------------------------------------------------
+
+    @abstractmethod
+    def shares_aval(self, shape: Sequence[int]) -> jax.ShapeDtypeStruct:
+        """The local shares' type for a tensor of `shape`."""
+
+    @abstractmethod
+    def lift(self, ctx: Context, ring: jnp.ndarray) -> Shares:
+        """A public ring value as shares (no communication)."""
+
+    @abstractmethod
+    def local(self, fn: Callable[..., jnp.ndarray], *shares: Shares) -> Shares:
+        """Apply a function that is linear over the ring to each share."""
+
+    @abstractmethod
+    def mul(self, ctx: Context, a: Shares, b: Shares) -> Shares:
+        """Elementwise product (one round)."""
+
+    @abstractmethod
+    def dot_general(self, ctx: Context, a: Shares, b: Shares, dimension_numbers: Any) -> Shares:
+        """`lax.dot_general` of shares (one round)."""
+
+    @abstractmethod
+    def trunc(self, ctx: Context, a: Shares, bits: int) -> Shares:
+        """Arithmetic right shift by `bits` (fixed-point rescaling; one round)."""
+
+    @abstractmethod
+    def xor_public(self, ctx: Context, a: Shares, mask: jnp.ndarray) -> Shares:
+        """Boolean shares XOR a public word."""
+
+    @abstractmethod
+    def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:
+        """Bitwise AND of boolean shares whose values fit in `bits` bits (one round)."""
+
+    @abstractmethod
+    def msb(self, ctx: Context, a: Shares) -> Shares:
+        """Boolean shares (bit 0) of the top bit of arithmetic shares: the sign."""
+
+    @abstractmethod
+    def b2a(self, ctx: Context, bit: Shares) -> Shares:
+        """Arithmetic shares of a shared bit (bit 0 of boolean shares)."""

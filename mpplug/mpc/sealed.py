@@ -1,0 +1,76 @@
+"""`Sealed`: a secret-shared value inside (or returned from) a program, a pytree whose one
+leaf is the party value holding every computing party's shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from mpplug.core.mpobject import MPObject
+from mpplug.core.parties import format_parties
+
+
+@jax.tree_util.register_pytree_node_class
+class Sealed:
+    """Shares of a tensor of logical `shape` and `dtype` among `parties` (roles in order).
+
+    Floats are fixed point with `frac_bits` fraction bits; `boolean` marks XOR-shared bits
+    (comparison results). Only `mp.mpc.reveal` turns it into plaintext.
+    """
+
+    __slots__ = ("boolean", "dtype", "frac_bits", "parties", "protocol", "shape", "shares")
+
+    def __init__(
+        self,
+        shares: MPObject,
+        shape: tuple[int, ...],
+        dtype: Any,
+        parties: tuple[int, ...],
+        *,
+        frac_bits: int,
+        boolean: bool = False,
+        protocol: str = "aby3",
+    ) -> None:
+        self.shares = shares
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.parties = tuple(parties)
+        self.frac_bits = frac_bits
+        self.boolean = boolean
+        self.protocol = protocol
+
+    def _meta(self) -> tuple[Any, ...]:
+        return (self.shape, self.dtype, self.parties, self.frac_bits, self.boolean, self.protocol)
+
+    def tree_flatten(self) -> tuple[tuple[MPObject], tuple[Any, ...]]:
+        return (self.shares,), self._meta()
+
+    @classmethod
+    def tree_unflatten(cls, meta: tuple[Any, ...], children: Any) -> Sealed:
+        shape, dtype, parties, frac_bits, boolean, protocol = meta
+        return cls(
+            children[0], shape, dtype, parties,
+            frac_bits=frac_bits, boolean=boolean, protocol=protocol,
+        )
+
+    @property
+    def type_str(self) -> str:
+        dims = ",".join(map(str, self.shape))
+        return f"{_short(self.dtype)}[{dims}]"
+
+    def __repr__(self) -> str:
+        fxp = f", fxp{self.frac_bits}" if np.issubdtype(self.dtype, np.floating) else ""
+        return (
+            f"Sealed({self.type_str} @ {self.protocol}{format_parties(frozenset(self.parties))}"
+            f"{fxp})"
+        )
+
+    def __bool__(self) -> bool:
+        raise TypeError(f"{self!r} has no truth value: reveal it first (mp.mpc.reveal)")
+
+
+def _short(dtype: np.dtype[Any]) -> str:
+    kind = {"f": "f", "i": "i", "u": "u", "b": "bool"}[dtype.kind]
+    return kind if kind == "bool" else f"{kind}{dtype.itemsize * 8}"
