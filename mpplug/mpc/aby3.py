@@ -33,8 +33,12 @@ _FROM_NEXT = (1, 2, 0)
 """Role i receives role i+1's value: the reshare after a product."""
 _DTYPE_OF_BITS = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}
 _EVEN_MASKS = (
-    0x5555555555555555, 0x3333333333333333, 0x0F0F0F0F0F0F0F0F,
-    0x00FF00FF00FF00FF, 0x0000FFFF0000FFFF, 0x00000000FFFFFFFF,
+    0x5555555555555555,
+    0x3333333333333333,
+    0x0F0F0F0F0F0F0F0F,
+    0x00FF00FF00FF00FF,
+    0x0000FFFF0000FFFF,
+    0x00000000FFFFFFFF,
 )
 
 
@@ -127,7 +131,9 @@ class ABY3(Protocol):
 
     def lift(self, ctx: Context, value: jnp.ndarray) -> Shares:
         zero = jnp.zeros_like(value)
-        return jnp.stack([jnp.where(ctx.role == 0, value, zero), jnp.where(ctx.role == 2, value, zero)])
+        return jnp.stack(
+            [jnp.where(ctx.role == 0, value, zero), jnp.where(ctx.role == 2, value, zero)]
+        )
 
     def local(self, fn: Callable[..., jnp.ndarray], *shares: Shares) -> Shares:
         return jnp.stack([fn(*(s[0] for s in shares)), fn(*(s[1] for s in shares))])
@@ -208,7 +214,9 @@ class ABY3(Protocol):
     def lift_slot(self, ctx: Context, a: Shares, j: int) -> Shares:
         """Share x_j of `a` alone, as shares of the same kind (its two holders know it)."""
         zero = jnp.zeros_like(a[0])
-        return jnp.stack([
-            jnp.where(ctx.role == j, a[0], zero),
-            jnp.where(ctx.role == (j - 1) % 3, a[1], zero),
-        ])
+        return jnp.stack(
+            [
+                jnp.where(ctx.role == j, a[0], zero),
+                jnp.where(ctx.role == (j - 1) % 3, a[1], zero),
+            ]
+        )

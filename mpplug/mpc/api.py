@@ -178,8 +178,10 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             dynamic.append(i)
             public_inputs.append(value)
     specs = [
-        jax.ShapeDtypeStruct(leaves[i].shape, np.dtype(leaves[i].dtype)
-                             if isinstance(leaves[i], Sealed) else leaves[i].dtype.numpy)
+        jax.ShapeDtypeStruct(
+            leaves[i].shape,
+            np.dtype(leaves[i].dtype) if isinstance(leaves[i], Sealed) else leaves[i].dtype.numpy,
+        )
         for i in dynamic
     ]
     out_trees: list[Any] = []
@@ -207,7 +209,7 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         ctx = Context(role, keys, first.frac_bits, lambda: next(state.streams))
         interpreter = Interpreter(proto, ctx, where)
         secrets = iter(inputs[: len(secret_inputs)])
-        publics = iter(inputs[len(secret_inputs):])
+        publics = iter(inputs[len(secret_inputs) :])
         values = []
         for i in dynamic:
             if i in secret_positions:
@@ -236,8 +238,15 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         program, [*context, *secret_inputs, *public_inputs], parties, name, builder.platforms
     )
     results = [
-        Sealed(out, shape, dtype, parties, frac_bits=first.frac_bits, boolean=boolean,
-               protocol=proto.name)
+        Sealed(
+            out,
+            shape,
+            dtype,
+            parties,
+            frac_bits=first.frac_bits,
+            boolean=boolean,
+            protocol=proto.name,
+        )
         for out, (shape, dtype, boolean) in zip(outputs, metas, strict=True)
     ]
     return jax.tree.unflatten(out_trees[-1], results)
@@ -259,8 +268,9 @@ def reveal(x: Any, to: int | str | Sequence[int | str] | None = None) -> Any:
         targets = leaf.parties if to is None else builder.resolve_parties(to, where)
         dtype, frac_bits, boolean = leaf.dtype, leaf.frac_bits, leaf.boolean
 
-        def decode(v: Any, dtype: Any = dtype, frac_bits: int = frac_bits,
-                   boolean: bool = boolean) -> Any:
+        def decode(
+            v: Any, dtype: Any = dtype, frac_bits: int = frac_bits, boolean: bool = boolean
+        ) -> Any:
             if boolean:
                 return (v & np.uint64(1)).astype(dtype)
             if is_float(dtype):

@@ -11,10 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
 
 from mpplug.errors import TraceError
@@ -37,14 +35,42 @@ Value = Any  # Secret or a public array
 Rule = Callable[["Interpreter", JaxprEqn, list[Value]], Value]
 RULES: dict[str, Rule] = {}
 
-_INLINED = ("pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-            "custom_vjp_call_jaxpr", "remat", "checkpoint", "custom_lin")
-_STRUCTURAL = ("reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "slice",
-               "rev", "copy", "copy_p", "dynamic_slice", "gather", "reduce_precision")
+_INLINED = (
+    "pjit",
+    "closed_call",
+    "core_call",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "remat",
+    "checkpoint",
+    "custom_lin",
+)
+_STRUCTURAL = (
+    "reshape",
+    "transpose",
+    "broadcast_in_dim",
+    "squeeze",
+    "expand_dims",
+    "slice",
+    "rev",
+    "copy",
+    "copy_p",
+    "dynamic_slice",
+    "gather",
+    "reduce_precision",
+)
 """Rearrange elements only: applied to each share, for either kind of shares."""
 _LINEAR: dict[str, tuple[int, ...] | None] = {
-    "add": None, "sub": None, "neg": None, "reduce_sum": None, "cumsum": None,
-    "concatenate": None, "pad": None, "dynamic_update_slice": (0, 1), "add_any": None,
+    "add": None,
+    "sub": None,
+    "neg": None,
+    "reduce_sum": None,
+    "cumsum": None,
+    "concatenate": None,
+    "pad": None,
+    "dynamic_update_slice": (0, 1),
+    "add_any": None,
 }
 """Linear over the ring: the data operands (None: all) are lifted to shares when public."""
 _UNSUPPORTED_HINT = (
@@ -150,8 +176,10 @@ class Interpreter:
             )
         return fn(self, eqn, values)
 
-    def out(self, eqn: JaxprEqn, shares: Shares, *, boolean: bool = False, index: int = 0) -> Secret:
-        aval = eqn.outvars[index].aval
+    def out(
+        self, eqn: JaxprEqn, shares: Shares, *, boolean: bool = False, index: int = 0
+    ) -> Secret:
+        aval = _aval(eqn, index)
         return Secret(shares, tuple(aval.shape), np.dtype(aval.dtype), boolean)
 
     def _bind_on_shares(
@@ -179,11 +207,16 @@ class Interpreter:
 
     def _linear(self, eqn: JaxprEqn, values: list[Value], data: tuple[int, ...] | None) -> Secret:
         positions = list(range(len(values)) if data is None else data)
-        aval = eqn.outvars[0].aval
+        aval = _aval(eqn)
         elementwise = eqn.primitive.name in ("add", "sub", "add_any")
         shape = aval.shape if elementwise else None
         shares = [self.arith(values[i], aval.dtype, shape) for i in positions]
         return self.out(eqn, self._bind_on_shares(eqn, values, positions, shares))
+
+
+def _aval(eqn: JaxprEqn, index: int = 0) -> Any:
+    """The abstract value (shape, dtype) of an equation's output."""
+    return eqn.outvars[index].aval
 
 
 def _live(jaxpr: Jaxpr) -> list[JaxprEqn]:
@@ -225,8 +258,8 @@ def _source_line(eqn: JaxprEqn) -> str:
 @rule("mul")
 def _mul(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, y = values
-    dtype = eqn.outvars[0].aval.dtype
-    shape = eqn.outvars[0].aval.shape
+    dtype = _aval(eqn).dtype
+    shape = _aval(eqn).shape
     if isinstance(x, Secret) and isinstance(y, Secret):
         product = self.protocol.mul(
             self.ctx, self.arith(x, dtype, shape), self.arith(y, dtype, shape)
@@ -245,17 +278,21 @@ def _mul(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 def _dot_general(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, y = values
     dims = eqn.params["dimension_numbers"]
-    dtype = eqn.outvars[0].aval.dtype
+    dtype = _aval(eqn).dtype
     if isinstance(x, Secret) and isinstance(y, Secret):
         product = self.protocol.dot_general(
             self.ctx, self.arith(x, dtype), self.arith(y, dtype), dims
         )
     elif isinstance(x, Secret):
         public = self.encode(y, dtype)
-        product = self.protocol.local(lambda a: ring.dot_general(a, public, dims), self.arith(x, dtype))
+        product = self.protocol.local(
+            lambda a: ring.dot_general(a, public, dims), self.arith(x, dtype)
+        )
     else:
         public = self.encode(x, dtype)
-        product = self.protocol.local(lambda b: ring.dot_general(public, b, dims), self.arith(y, dtype))
+        product = self.protocol.local(
+            lambda b: ring.dot_general(public, b, dims), self.arith(y, dtype)
+        )
     if is_float(dtype):
         product = self.protocol.trunc(self.ctx, product, self.ctx.frac_bits)
     return self.out(eqn, product)
@@ -265,7 +302,9 @@ def _dot_general(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secre
 
 
 def _difference(self: Interpreter, x: Value, y: Value, shape: Sequence[int]) -> Shares:
-    dtype = x.dtype if isinstance(x, Secret) else jnp.asarray(y if isinstance(y, Secret) else x).dtype
+    dtype = (
+        x.dtype if isinstance(x, Secret) else jnp.asarray(y if isinstance(y, Secret) else x).dtype
+    )
     if isinstance(y, Secret):
         dtype = y.dtype
     return self.arith(x, dtype, shape) - self.arith(y, dtype, shape)
@@ -278,7 +317,7 @@ def _not(self: Interpreter, bits: Shares) -> Shares:
 @rule("lt", "gt", "le", "ge")
 def _order(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, y = values
-    shape = eqn.outvars[0].aval.shape
+    shape = _aval(eqn).shape
     if eqn.primitive.name in ("gt", "le"):
         x, y = y, x
     below = self.protocol.msb(self.ctx, _difference(self, x, y, shape))
@@ -291,7 +330,7 @@ def _order(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 def _equality(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, y = values
     if not isinstance(y, Secret) or not isinstance(x, Secret) or x is not y:
-        shape = eqn.outvars[0].aval.shape
+        shape = _aval(eqn).shape
         d = _difference(self, x, y, shape)
         both = self.protocol.msb(self.ctx, jnp.stack([d, -d], axis=1))
         differ = both[:, 0] ^ both[:, 1]  # x < y or y < x, never both
@@ -303,13 +342,14 @@ def _equality(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 @rule("select_n")
 def _select_n(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     pred, *cases = values
-    aval = eqn.outvars[0].aval
+    aval = _aval(eqn)
     shares = [self.arith(c, aval.dtype, aval.shape) for c in cases]
     if not isinstance(pred, Secret):
         params = eqn.primitive.get_bind_params(eqn.params)
-        return self.out(eqn, self.protocol.local(
-            lambda *parts: eqn.primitive.bind(pred, *parts, **params), *shares
-        ))
+        return self.out(
+            eqn,
+            self.protocol.local(lambda *parts: eqn.primitive.bind(pred, *parts, **params), *shares),
+        )
     if len(cases) != 2:
         raise TraceError(
             f"{self.where}: select_n with a secret index over {len(cases)} cases is not "
@@ -325,7 +365,7 @@ def _negative(self: Interpreter, shares: Shares) -> Shares:
 
 @rule("max", "min")
 def _extremum(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
-    aval = eqn.outvars[0].aval
+    aval = _aval(eqn)
     x, y = (self.arith(v, aval.dtype, aval.shape) for v in values)
     bit = _negative(self, x - y)  # x < y
     if eqn.primitive.name == "min":
@@ -356,16 +396,20 @@ def _reduce_extremum(
     """Tournament over `axis`: ceil(log2 n) levels of one comparison and one selection."""
     x = jnp.moveaxis(shares, axis + 1, -1)
     n = x.shape[-1]
-    index = self.protocol.lift(self.ctx, jnp.broadcast_to(
-        jnp.arange(n, dtype=jnp.uint64), x.shape[1:]
-    )) if with_index else None
+    index = (
+        self.protocol.lift(self.ctx, jnp.broadcast_to(jnp.arange(n, dtype=jnp.uint64), x.shape[1:]))
+        if with_index
+        else None
+    )
     while n > 1:
         half = n // 2
         a, b = x[..., :half], x[..., half : 2 * half]
         bit = _negative(self, b - a if largest else a - b)  # 1 where b wins
         if index is not None:
             ia, ib = index[..., :half], index[..., half : 2 * half]
-            chosen = self.protocol.mul(self.ctx, jnp.stack([bit, bit], 1), jnp.stack([b - a, ib - ia], 1))
+            chosen = self.protocol.mul(
+                self.ctx, jnp.stack([bit, bit], 1), jnp.stack([b - a, ib - ia], 1)
+            )
             merged, merged_index = a + chosen[:, 0], ia + chosen[:, 1]
             index = jnp.concatenate([merged_index, index[..., 2 * half :]], axis=-1)
         else:
@@ -395,7 +439,7 @@ def _argmax(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 
 
 def _require_bool(self: Interpreter, eqn: JaxprEqn) -> None:
-    if eqn.outvars[0].aval.dtype != jnp.bool_:
+    if _aval(eqn).dtype != jnp.bool_:
         raise TraceError(
             f"{self.where}: bitwise {eqn.primitive.name} on secret integers is not supported "
             f"(only on bools); {_UNSUPPORTED_HINT}"
@@ -405,7 +449,7 @@ def _require_bool(self: Interpreter, eqn: JaxprEqn) -> None:
 @rule("and", "or", "xor")
 def _logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     _require_bool(self, eqn)
-    shape = eqn.outvars[0].aval.shape
+    shape = _aval(eqn).shape
     a, b = (jnp.broadcast_to(s, (s.shape[0], *shape)) for s in map(self.boolean, values))
     if eqn.primitive.name == "xor":
         return self.out(eqn, a ^ b, boolean=True)
@@ -456,6 +500,7 @@ def _require_float(self: Interpreter, eqn: JaxprEqn, dtype: Any) -> None:
 
 def _power(self: Interpreter, x: Shares, exponent: int, floating: bool) -> Shares:
     """x^exponent (exponent >= 1) by square and multiply."""
+
     def product(a: Shares, b: Shares) -> Shares:
         if floating:
             return self.fx.mul(a, b)
@@ -496,7 +541,7 @@ def _square(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 @rule("div")
 def _div(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, y = values
-    aval = eqn.outvars[0].aval
+    aval = _aval(eqn)
     _require_float(self, eqn, aval.dtype)
     if not isinstance(y, Secret):
         inverse = 1.0 / np.asarray(y, np.float64)

@@ -72,13 +72,18 @@ def prf_many(
 ) -> list[jnp.ndarray]:
     """Several PRF streams in one ChaCha call (one loop, whatever the number of streams)."""
     counts = [_blocks(s) for s in shapes]
-    key = jnp.concatenate([
-        jnp.broadcast_to(k.astype(jnp.uint32), (c, KEY_WORDS)) for k, c in zip(keys, counts, strict=True)
-    ])
-    nonce = np.concatenate([
-        np.tile(np.array([s & 0xFFFFFFFF, s >> 32, _NONCE_TAG], np.uint32), (c, 1))
-        for s, c in zip(streams, counts, strict=True)
-    ])
+    key = jnp.concatenate(
+        [
+            jnp.broadcast_to(k.astype(jnp.uint32), (c, KEY_WORDS))
+            for k, c in zip(keys, counts, strict=True)
+        ]
+    )
+    nonce = np.concatenate(
+        [
+            np.tile(np.array([s & 0xFFFFFFFF, s >> 32, _NONCE_TAG], np.uint32), (c, 1))
+            for s, c in zip(streams, counts, strict=True)
+        ]
+    )
     counter = np.concatenate([np.arange(c, dtype=np.uint32) for c in counts])
     words = chacha_blocks(key, jnp.asarray(nonce), jnp.asarray(counter)).reshape(-1, 2)
     wide = words[:, 0].astype(jnp.uint64) | (words[:, 1].astype(jnp.uint64) << np.uint64(32))

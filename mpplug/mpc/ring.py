@@ -66,7 +66,9 @@ def dot_general(a: jnp.ndarray, b: jnp.ndarray, dimension_numbers: Any) -> jnp.n
         part = None
         for i in range(shift + 1):
             term = lax.dot_general(
-                a_chunks[i], b_chunks[shift - i], dimension_numbers,
+                a_chunks[i],
+                b_chunks[shift - i],
+                dimension_numbers,
                 precision=lax.Precision.HIGHEST,
             )
             exact = term.astype(RING)

@@ -199,12 +199,13 @@ def emit_rounds(
         segment.__name__ = f"mpc.{name}.{tags}"
         with jax.enable_x64(True):
             pfunc, _, _ = jax_export(
-                segment, *(jax.ShapeDtypeStruct(a.shape, a.dtype.numpy) for a in args),
+                segment,
+                *(jax.ShapeDtypeStruct(a.shape, a.dtype.numpy) for a in args),
                 platforms=platforms,
             )
         results = run_pfunc(pfunc, *args, parties=list(parties))
         held.update(zip(keep, results, strict=False))
-        for (index, message), vector in zip(sends, results[len(keep):], strict=True):
+        for (index, message), vector in zip(sends, results[len(keep) :], strict=True):
             routes = {parties[d]: parties[s] for d, s in enumerate(message.sources)}
             packed[index] = shuffle_static(vector, routes)
     outputs = []
@@ -235,7 +236,7 @@ def _segment(
     def segment(*args: Any) -> tuple[Any, ...]:
         env: dict[Any, Any] = dict(consts)
         env.update(zip(direct, args, strict=False))
-        vectors = args[len(direct):]
+        vectors = args[len(direct) :]
         for v, (index, start, size) in source.items():
             if index in slot:
                 env[v] = vectors[slot[index]][start : start + size].reshape(v.aval.shape)
@@ -251,10 +252,7 @@ def _segment(
         for eqn in rest:
             _bind(eqn, env)
         kept = [_read(env, v) for v in keep]
-        out = [
-            jnp.concatenate([jnp.ravel(_read(env, e.invars[0])) for e in m.eqns])
-            for m in sends
-        ]
+        out = [jnp.concatenate([jnp.ravel(_read(env, e.invars[0])) for e in m.eqns]) for m in sends]
         return (*kept, *out)
 
     return segment

@@ -51,8 +51,13 @@ class Sealed:
     def tree_unflatten(cls, meta: tuple[Any, ...], children: Any) -> Sealed:
         shape, dtype, parties, frac_bits, boolean, protocol = meta
         return cls(
-            children[0], shape, dtype, parties,
-            frac_bits=frac_bits, boolean=boolean, protocol=protocol,
+            children[0],
+            shape,
+            dtype,
+            parties,
+            frac_bits=frac_bits,
+            boolean=boolean,
+            protocol=protocol,
         )
 
     @property
