@@ -67,7 +67,8 @@ class ABY3(Protocol):
 
     def setup(self, parties: Sequence[int]) -> list[TracedValue]:
         own = prand((KEY_WORDS,), parties=list(parties))
-        following = shuffle_static(own, {parties[i]: parties[(i + 1) % 3] for i in range(3)})
+        routes: dict[int | str, int | str] = {parties[i]: parties[(i + 1) % 3] for i in range(3)}
+        following = shuffle_static(own, routes)
         roles = np.full(max(parties) + 1, -1, np.int32)
         roles[list(parties)] = np.arange(3, dtype=np.int32)
 
@@ -106,7 +107,8 @@ class ABY3(Protocol):
     ) -> TracedValue:
         with jax.enable_x64(True):
             first = run_jax(lambda s: s[0], shares)
-        missing, pair_from = {}, {}
+        missing: dict[int | str, int | str] = {}
+        pair_from: dict[int | str, int | str] = {}
         for t in to:
             if t in parties:
                 role = list(parties).index(t)
@@ -114,8 +116,8 @@ class ABY3(Protocol):
                 pair_from[t] = t
             else:
                 missing[t], pair_from[t] = parties[2], parties[0]
-        third = shuffle_static(first, missing)
-        pair = shuffle_static(shares, pair_from)
+        third = shuffle_static(first, dict(missing))
+        pair = shuffle_static(shares, dict(pair_from))
 
         def combine(pair: jnp.ndarray, third: jnp.ndarray) -> jnp.ndarray:
             value = pair[0] ^ pair[1] ^ third if boolean else pair[0] + pair[1] + third
@@ -171,7 +173,7 @@ class ABY3(Protocol):
         nxt = jnp.where(ctx.role == 0, sent, jnp.where(ctx.role == 1, r, ring.arshift(a[1], bits)))
         return jnp.stack([own, nxt])
 
-    def xor_public(self, ctx: Context, a: Shares, mask: jnp.ndarray) -> Shares:
+    def xor_public(self, ctx: Context, a: Shares, mask: Any) -> Shares:
         return a ^ self.lift(ctx, jnp.broadcast_to(mask, a.shape[1:]).astype(a.dtype))
 
     def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:

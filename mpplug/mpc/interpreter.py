@@ -432,6 +432,7 @@ def _argmax(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     (axis,) = eqn.params["axes"]
     x = self.arith(values[0], values[0].dtype)
     _, index = _reduce_extremum(self, x, axis, eqn.primitive.name == "argmax", True, None)
+    assert index is not None
     return self.out(eqn, index)
 
 
@@ -544,15 +545,16 @@ def _div(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     aval = _aval(eqn)
     _require_float(self, eqn, aval.dtype)
     if not isinstance(y, Secret):
-        inverse = 1.0 / np.asarray(y, np.float64)
+        scale = ring.encode(1.0 / np.asarray(y, np.float64), self.ctx.frac_bits)
         shares = self.arith(x, aval.dtype, aval.shape)
-        scaled = shares * jnp.broadcast_to(ring.encode(inverse, self.ctx.frac_bits), aval.shape)
+        scaled = shares * jnp.broadcast_to(scale, aval.shape)
         return self.out(eqn, self.protocol.trunc(self.ctx, scaled, self.ctx.frac_bits))
-    inverse = approx.reciprocal(self.fx, self.arith(y, aval.dtype, aval.shape))
+    reciprocal = approx.reciprocal(self.fx, self.arith(y, aval.dtype, aval.shape))
     if not isinstance(x, Secret):
         numerator = jnp.broadcast_to(ring.encode(x, self.ctx.frac_bits), aval.shape)
-        return self.out(eqn, self.protocol.trunc(self.ctx, inverse * numerator, self.ctx.frac_bits))
-    return self.out(eqn, self.fx.mul(self.arith(x, aval.dtype, aval.shape), inverse))
+        product = reciprocal * numerator
+        return self.out(eqn, self.protocol.trunc(self.ctx, product, self.ctx.frac_bits))
+    return self.out(eqn, self.fx.mul(self.arith(x, aval.dtype, aval.shape), reciprocal))
 
 
 # -- real functions ----------------------------------------------------------------------------

@@ -89,7 +89,7 @@ class Protocol(ABC):
         """Arithmetic right shift by `bits` (fixed-point rescaling; one round)."""
 
     @abstractmethod
-    def xor_public(self, ctx: Context, a: Shares, mask: jnp.ndarray) -> Shares:
+    def xor_public(self, ctx: Context, a: Shares, mask: Any) -> Shares:
         """Boolean shares XOR a public word."""
 
     @abstractmethod

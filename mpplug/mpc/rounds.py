@@ -61,10 +61,14 @@ class _Message:
         """Where each received value lies in the packed vector: (start, size)."""
         spans, start = {}, 0
         for eqn in self.eqns:
-            size = eqn.invars[0].aval.size
+            size = _aval(eqn.invars[0]).size
             spans[eqn.outvars[0]] = (start, size)
             start += size
         return spans
+
+
+def _aval(v: Any) -> Any:
+    return v.aval
 
 
 def _is_var(v: Any) -> bool:
@@ -94,7 +98,7 @@ class RoundPlan:
 
 def plan_rounds(jaxpr: Jaxpr) -> RoundPlan:
     eqns = _live_eqns(jaxpr)
-    ready: dict[Var, int] = {}
+    ready: dict[Any, int] = {}
     asap: dict[int, int] = {}
     for i, eqn in enumerate(eqns):
         start = max((ready.get(v, 0) for v in eqn.invars if _is_var(v)), default=0)
@@ -103,7 +107,7 @@ def plan_rounds(jaxpr: Jaxpr) -> RoundPlan:
         for v in eqn.outvars:
             ready[v] = done
     rounds = max((ready.get(v, 0) for v in jaxpr.outvars if _is_var(v)), default=0)
-    use: dict[Var, int] = {v: rounds for v in jaxpr.outvars if _is_var(v)}
+    use: dict[Any, int] = {v: rounds for v in jaxpr.outvars if _is_var(v)}
     level: dict[int, int] = {}
     for i in reversed(range(len(eqns))):
         eqn = eqns[i]
@@ -111,13 +115,13 @@ def plan_rounds(jaxpr: Jaxpr) -> RoundPlan:
             level[i] = asap[i]  # randomness comes first, all of it in one batched call
         else:
             level[i] = min((use[v] for v in eqn.outvars if v in use), default=asap[i])
-        for v in eqn.invars:
-            if _is_var(v):
-                use[v] = min(use.get(v, level[i]), level[i])
+        for u in eqn.invars:
+            if _is_var(u):
+                use[u] = min(use.get(u, level[i]), level[i])
     groups: dict[tuple[int, tuple[int, ...], Any], _Message] = {}
     for i, eqn in enumerate(eqns):
         if eqn.primitive is exchange_p:
-            key = (level[i], eqn.params["sources"], eqn.invars[0].aval.dtype)
+            key = (level[i], eqn.params["sources"], _aval(eqn.invars[0]).dtype)
             groups.setdefault(key, _Message(*key)).eqns.append(eqn)
     return RoundPlan(eqns, level, list(groups.values()), rounds)
 
@@ -136,9 +140,9 @@ def _bind(eqn: JaxprEqn, env: dict[Any, Any]) -> None:
             env[v] = out
 
 
-def _last_use(plan: RoundPlan, jaxpr: Jaxpr) -> dict[Var, int]:
+def _last_use(plan: RoundPlan, jaxpr: Jaxpr) -> dict[Any, int]:
     """The latest round in which each variable is read (outputs: after the last round)."""
-    last: dict[Var, int] = {}
+    last: dict[Any, int] = {}
     for i, eqn in enumerate(plan.eqns):
         for v in eqn.invars:
             if _is_var(v):
@@ -206,7 +210,9 @@ def emit_rounds(
         results = run_pfunc(pfunc, *args, parties=list(parties))
         held.update(zip(keep, results, strict=False))
         for (index, message), vector in zip(sends, results[len(keep) :], strict=True):
-            routes = {parties[d]: parties[s] for d, s in enumerate(message.sources)}
+            routes: dict[int | str, int | str] = {
+                parties[d]: parties[s] for d, s in enumerate(message.sources)
+            }
             packed[index] = shuffle_static(vector, routes)
     outputs = []
     for v in jaxpr.outvars:
@@ -239,7 +245,7 @@ def _segment(
         vectors = args[len(direct) :]
         for v, (index, start, size) in source.items():
             if index in slot:
-                env[v] = vectors[slot[index]][start : start + size].reshape(v.aval.shape)
+                env[v] = vectors[slot[index]][start : start + size].reshape(_aval(v).shape)
         for eqn in key_work:
             _bind(eqn, env)
         if randoms:
