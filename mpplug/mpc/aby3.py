@@ -15,12 +15,14 @@ input and output); two colluding parties learn everything. See docs/mpc.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from mpplug.frontend.primitives import converge, prand, prank, run_jax, run_jax_at, shuffle_static
 from mpplug.frontend.tracer import TracedValue
@@ -140,10 +142,19 @@ class ABY3(Protocol):
     def local(self, fn: Callable[..., jnp.ndarray], *shares: Shares) -> Shares:
         return jnp.stack([fn(*(s[0] for s in shares)), fn(*(s[1] for s in shares))])
 
-    def _zero(self, ctx: Context, shape: Sequence[int], boolean: bool = False) -> jnp.ndarray:
+    def _zero(self, ctx: Context, shape: Sequence[int]) -> jnp.ndarray:
+        """Arithmetic shares of zero: F(k_i) - F(k_{i+1}) sums to 0 over the roles."""
         stream = ctx.next_stream()
-        mine, theirs = prf(ctx.keys[0], stream, shape), prf(ctx.keys[1], stream, shape)
-        return mine ^ theirs if boolean else mine - theirs
+        return prf(ctx.keys[0], stream, shape) - prf(ctx.keys[1], stream, shape)
+
+    def _zero_bits(self, ctx: Context, shape: Sequence[int], dtype: Any) -> jnp.ndarray:
+        """XOR shares of zero in `dtype` words (narrow words take fewer PRF words)."""
+        per_word = 8 // jnp.dtype(dtype).itemsize
+        count = -(-math.prod(shape) // per_word)
+        stream = ctx.next_stream()
+        words = prf(ctx.keys[0], stream, (count,)) ^ prf(ctx.keys[1], stream, (count,))
+        narrow = lax.bitcast_convert_type(words, dtype).reshape(-1) if per_word > 1 else words
+        return narrow[: math.prod(shape)].reshape(tuple(shape))
 
     def _pair_random(self, ctx: Context, shape: Sequence[int], owner_role: int) -> jnp.ndarray:
         """Randomness known to roles owner_role - 1 and owner_role (from key k_owner)."""
@@ -180,7 +191,7 @@ class ABY3(Protocol):
         dtype = _DTYPE_OF_BITS[max(8, 1 << max(0, bits - 1).bit_length())]
         a, b = a.astype(dtype), b.astype(dtype)
         z = (a[0] & b[0]) ^ (a[0] & b[1]) ^ (a[1] & b[0])
-        z = z ^ self._zero(ctx, z.shape, boolean=True).astype(dtype)
+        z = z ^ self._zero_bits(ctx, z.shape, dtype)
         return self._reshare(ctx, z, "and.reshare").astype(ring.RING)
 
     def msb(self, ctx: Context, a: Shares) -> Shares:

@@ -46,8 +46,9 @@ def _quarter_round(s: list[jnp.ndarray], a: int, b: int, c: int, d: int) -> None
 def chacha_blocks(
     key: jnp.ndarray, nonce: jnp.ndarray, counter: jnp.ndarray, rounds: int = ROUNDS
 ) -> jnp.ndarray:
-    """ChaCha`rounds` keystream blocks as uint32[n, 16], RFC 8439 layout: per block a key
-    uint32[n, 8], a nonce uint32[n, 3] and a block counter uint32[n]."""
+    """ChaCha`rounds` keystream blocks as uint32[16, n] (word-major: row w is word w of every
+    block), RFC 8439 layout: per block a key uint32[n, 8], a nonce uint32[n, 3] and a block
+    counter uint32[n]. Word-major rows keep XLA's loop free of transposes."""
     n = counter.shape[0]
     initial = [jnp.full((n,), w, jnp.uint32) for w in _SIGMA]
     initial += [key[:, i] for i in range(KEY_WORDS)] + [counter]
@@ -59,8 +60,9 @@ def chacha_blocks(
             _quarter_round(state, *quarter)
         return tuple(state)
 
+    # A rolled loop keeps a PRF call a few dozen HLO ops, so rounds compile quickly.
     state = lax.fori_loop(0, rounds // 2, double_round, tuple(initial))
-    return jnp.stack([s + i for s, i in zip(state, initial, strict=True)], axis=1)
+    return jnp.stack([s + i for s, i in zip(state, initial, strict=True)])
 
 
 def _blocks(shape: Sequence[int]) -> int:
@@ -70,7 +72,9 @@ def _blocks(shape: Sequence[int]) -> int:
 def prf_many(
     keys: Sequence[jnp.ndarray], streams: Sequence[int], shapes: Sequence[Sequence[int]]
 ) -> list[jnp.ndarray]:
-    """Several PRF streams in one ChaCha call (one loop, whatever the number of streams)."""
+    """Several PRF streams in one ChaCha call (one loop, whatever the number of streams).
+    Stream s under key k is ChaCha with nonce (s mod 2^32, s >> 32, "mppl"), blocks 0, 1, ...;
+    its uint64 words are (word 2j | word 2j+1 << 32) of every block, for j = 0..7 in turn."""
     counts = [_blocks(s) for s in shapes]
     key = jnp.concatenate(
         [
@@ -85,12 +89,13 @@ def prf_many(
         ]
     )
     counter = np.concatenate([np.arange(c, dtype=np.uint32) for c in counts])
-    words = chacha_blocks(key, jnp.asarray(nonce), jnp.asarray(counter)).reshape(-1, 2)
-    wide = words[:, 0].astype(jnp.uint64) | (words[:, 1].astype(jnp.uint64) << np.uint64(32))
+    words = chacha_blocks(key, jnp.asarray(nonce), jnp.asarray(counter)).astype(jnp.uint64)
+    wide = words[0::2] | (words[1::2] << np.uint64(32))  # uint64[8, blocks]
     out, start = [], 0
     for shape, c in zip(shapes, counts, strict=True):
-        out.append(wide[start : start + math.prod(shape)].reshape(tuple(shape)))
-        start += c * 8
+        stream = wide[:, start : start + c].reshape(-1)[: math.prod(shape)]
+        out.append(stream.reshape(tuple(shape)))
+        start += c
     return out
 
 
