@@ -231,7 +231,7 @@ def test_serve_names_an_unknown_party(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_demo_runs_the_quickstart():
     done = run_cli("demo")
     assert done.returncode == 0, done.stderr
-    assert "program millionaire(world_size=2)" in done.stdout
+    assert "program millionaire(world_size=3)" in done.stdout
     assert "Is Bob richer than Alice? True" in done.stdout
 
 

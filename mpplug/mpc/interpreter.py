@@ -248,7 +248,7 @@ def _source_line(eqn: JaxprEqn) -> str:
         return ""
     for frame in traceback.frames:
         if "/jax/" not in frame.file_name and "/mpplug/mpc/" not in frame.file_name:
-            return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"
+            return f"{frame.file_name.rsplit('/', 1)[-1]}:{frame.line_num}"
     return ""
 
 
