@@ -199,10 +199,11 @@ def spread_and_sum(v: mp.MPObject) -> mp.MPObject:
 def run_programs(driver: mp.Cluster) -> None:
     alice = driver.put("alice", np.int64(3_000_000))
     bob = driver.put("bob", np.int64(5_000_000))
-    answer = driver.evaluate(millionaire, alice, bob)
-    assert answer.parties == {0}
-    assert driver.fetch(answer)[1:] == [None, None]
+    answer = driver.evaluate(millionaire, alice, bob)  # secure: revealed to alice and bob only
+    assert answer.parties == {0, 1}
+    assert driver.fetch(answer)[2] is None
     assert bool(driver.fetch(answer, party="alice")) is True
+    assert bool(driver.fetch(answer, party="bob")) is True
 
     assert [int(v) for v in driver.fetch(driver.evaluate(sum_of_ranks))] == [3, 3, 3]
 

@@ -26,6 +26,8 @@ _SIGMA = np.array([0x61707865, 0x3320646E, 0x79622D32, 0x6B206574], np.uint32)
 _COLUMNS = ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15))
 _DIAGONALS = ((0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14))
 _NONCE_TAG = 0x6D70706C  # "mppl", the nonce's third word
+CHUNK = 8192
+"""Blocks per loop step (512 KiB of keystream)."""
 
 
 def _rotl(x: jnp.ndarray, n: int) -> jnp.ndarray:
@@ -72,30 +74,34 @@ def _blocks(shape: Sequence[int]) -> int:
 def prf_many(
     keys: Sequence[jnp.ndarray], streams: Sequence[int], shapes: Sequence[Sequence[int]]
 ) -> list[jnp.ndarray]:
-    """Several PRF streams in one ChaCha call (one loop, whatever the number of streams).
-    Stream s under key k is ChaCha with nonce (s mod 2^32, s >> 32, "mppl"), blocks 0, 1, ...;
-    its uint64 words are (word 2j | word 2j+1 << 32) of every block, for j = 0..7 in turn."""
+    """Several PRF streams in one ChaCha loop, whatever the number of streams.
+
+    Stream s under key k is ChaCha with nonce (s mod 2^32, s >> 32, "mppl") and blocks 0, 1,
+    ...; its uint64 words are (word 2j | word 2j+1 << 32) of every block, for j = 0..7 in turn.
+    Blocks are made CHUNK at a time so the loop's state stays in cache, and each block's key,
+    nonce and counter are computed in the graph (the program does not grow with the data).
+    """
     counts = [_blocks(s) for s in shapes]
-    key = jnp.concatenate(
-        [
-            jnp.broadcast_to(k.astype(jnp.uint32), (c, KEY_WORDS))
-            for k, c in zip(keys, counts, strict=True)
-        ]
+    starts = np.cumsum([0, *counts])
+    chunks = -(-int(starts[-1]) // CHUNK)
+    key_table = jnp.stack([k.astype(jnp.uint32) for k in keys])
+    nonce_table = jnp.asarray(
+        np.array([[s & 0xFFFFFFFF, s >> 32, _NONCE_TAG] for s in streams], np.uint32)
     )
-    nonce = np.concatenate(
-        [
-            np.tile(np.array([s & 0xFFFFFFFF, s >> 32, _NONCE_TAG], np.uint32), (c, 1))
-            for s, c in zip(streams, counts, strict=True)
-        ]
-    )
-    counter = np.concatenate([np.arange(c, dtype=np.uint32) for c in counts])
-    words = chacha_blocks(key, jnp.asarray(nonce), jnp.asarray(counter)).astype(jnp.uint64)
-    wide = words[0::2] | (words[1::2] << np.uint64(32))  # uint64[8, blocks]
-    out, start = [], 0
-    for shape, c in zip(shapes, counts, strict=True):
-        stream = wide[:, start : start + c].reshape(-1)[: math.prod(shape)]
+    first_block = jnp.asarray(starts[:-1].astype(np.uint32))
+
+    def chunk(index: jnp.ndarray) -> jnp.ndarray:
+        block = index.astype(jnp.uint32) * np.uint32(CHUNK) + jnp.arange(CHUNK, dtype=jnp.uint32)
+        owner = jnp.searchsorted(first_block, block, side="right") - 1
+        return chacha_blocks(key_table[owner], nonce_table[owner], block - first_block[owner])
+
+    words = lax.map(chunk, jnp.arange(chunks)).astype(jnp.uint64)  # [chunks, 16, CHUNK]
+    wide = words[:, 0::2] | (words[:, 1::2] << np.uint64(32))
+    wide = jnp.moveaxis(wide, 1, 0).reshape(8, chunks * CHUNK)
+    out = []
+    for shape, start, count in zip(shapes, starts, counts, strict=False):
+        stream = wide[:, start : start + count].reshape(-1)[: math.prod(shape)]
         out.append(stream.reshape(tuple(shape)))
-        start += c
     return out
 
 
