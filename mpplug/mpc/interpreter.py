@@ -581,3 +581,42 @@ def _log1p(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     (x,) = values
     _require_float(self, eqn, x.dtype)
     return self.out(eqn, approx.log(self.fx, self.fx.add_const(self.arith(x, x.dtype), 1.0)))
+
+
+@rule("pow")
+def _pow(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """x ** y: a public integral y becomes integer_pow; otherwise exp(y log x) for x > 0."""
+    x, y = values
+    aval = _aval(eqn)
+    _require_float(self, eqn, aval.dtype)
+    if not isinstance(y, Secret):
+        exponent = np.asarray(y)
+        if exponent.ndim == 0 and float(exponent).is_integer():
+            shares = self.arith(x, aval.dtype, aval.shape)
+            if exponent == 0:
+                return self.out(eqn, self.arith(jnp.ones(aval.shape, aval.dtype), aval.dtype))
+            power = _power(self, shares, abs(int(exponent)), True)
+            return self.out(eqn, power if exponent > 0 else approx.reciprocal(self.fx, power))
+    logarithm = approx.log(self.fx, self.arith(x, aval.dtype, aval.shape))
+    if isinstance(y, Secret):
+        product = self.fx.mul(self.arith(y, aval.dtype, aval.shape), logarithm)
+    else:
+        scale = jnp.broadcast_to(ring.encode(y, self.ctx.frac_bits), aval.shape)
+        product = self.protocol.trunc(self.ctx, logarithm * scale, self.ctx.frac_bits)
+    return self.out(eqn, approx.exp(self.fx, product))
+
+
+@rule("clamp")
+def _clamp(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """clamp(lo, x, hi) = min(max(x, lo), hi): two comparisons in sequence."""
+    lo, x, hi = values
+    aval = _aval(eqn)
+    shares = self.arith(x, aval.dtype, aval.shape)
+    for bound, keep_larger in ((lo, True), (hi, False)):
+        limit = self.arith(bound, aval.dtype, aval.shape)
+        below = _negative(self, shares - limit)  # x < bound
+        if keep_larger:
+            shares = shares + self.protocol.mul(self.ctx, below, limit - shares)
+        else:
+            shares = limit + self.protocol.mul(self.ctx, below, shares - limit)
+    return self.out(eqn, shares)
