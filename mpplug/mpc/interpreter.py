@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
@@ -37,6 +38,7 @@ RULES: dict[str, Rule] = {}
 
 _INLINED = (
     "pjit",
+    "jit",
     "closed_call",
     "core_call",
     "custom_jvp_call",
@@ -116,7 +118,7 @@ class Interpreter:
                 if is_float(dtype):
                     shares = shares << np.uint64(self.ctx.frac_bits)
             if shape is not None:
-                shares = jnp.broadcast_to(shares, (shares.shape[0], *shape))
+                shares = _broadcast_shares(shares, shape)
             return shares
         public = jnp.asarray(value)
         if shape is not None:
@@ -214,6 +216,13 @@ class Interpreter:
         return self.out(eqn, self._bind_on_shares(eqn, values, positions, shares))
 
 
+def _broadcast_shares(shares: Shares, shape: Sequence[int]) -> Shares:
+    """Shares (share axis first) broadcast to `shape` as numpy aligns trailing axes."""
+    value_shape = shares.shape[1:]
+    padded = (1,) * (len(shape) - len(value_shape)) + tuple(value_shape)
+    return jnp.broadcast_to(shares.reshape(shares.shape[0], *padded), (shares.shape[0], *shape))
+
+
 def _aval(eqn: JaxprEqn, index: int = 0) -> Any:
     """The abstract value (shape, dtype) of an equation's output."""
     return eqn.outvars[index].aval
@@ -266,12 +275,30 @@ def _mul(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         )
     else:
         secret, public = (x, y) if isinstance(x, Secret) else (y, x)
-        product = self.arith(secret, dtype, shape) * jnp.broadcast_to(
-            self.encode(public, dtype), shape
-        )
+        shares = self.arith(secret, dtype, shape)
+        if is_float(dtype):
+            return self.out(eqn, _times_public(self, shares, public, shape))
+        return self.out(eqn, shares * jnp.broadcast_to(self.encode(public, dtype), shape))
     if is_float(dtype):
         product = self.protocol.trunc(self.ctx, product, self.ctx.frac_bits)
     return self.out(eqn, product)
+
+
+MAX_EXTRA_BITS = 20
+
+
+def _times_public(self: Interpreter, shares: Shares, public: Any, shape: Sequence[int]) -> Shares:
+    """Fixed-point shares times a public real, one truncation. A known constant below 1 is
+    encoded with extra fraction bits (as many as it has leading zeros, up to 20), so that
+    x * 1e-4 or x / 1000 keep 18 significant bits instead of a handful."""
+    extra = 0
+    if not isinstance(public, jax.core.Tracer):
+        largest = float(np.max(np.abs(np.asarray(public, np.float64)), initial=0.0))
+        if 0.0 < largest < 1.0:
+            extra = min(MAX_EXTRA_BITS, int(np.floor(-np.log2(largest))))
+    bits = self.ctx.frac_bits + extra
+    scale = jnp.broadcast_to(ring.encode(public, bits), shape)
+    return self.protocol.trunc(self.ctx, shares * scale, bits)
 
 
 @rule("dot_general")
@@ -302,11 +329,7 @@ def _dot_general(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secre
 
 
 def _difference(self: Interpreter, x: Value, y: Value, shape: Sequence[int]) -> Shares:
-    dtype = (
-        x.dtype if isinstance(x, Secret) else jnp.asarray(y if isinstance(y, Secret) else x).dtype
-    )
-    if isinstance(y, Secret):
-        dtype = y.dtype
+    dtype = x.dtype if isinstance(x, Secret) else y.dtype
     return self.arith(x, dtype, shape) - self.arith(y, dtype, shape)
 
 
@@ -404,7 +427,7 @@ def _reduce_extremum(
     while n > 1:
         half = n // 2
         a, b = x[..., :half], x[..., half : 2 * half]
-        bit = _negative(self, b - a if largest else a - b)  # 1 where b wins
+        bit = _negative(self, a - b if largest else b - a)  # 1 where b wins
         if index is not None:
             ia, ib = index[..., :half], index[..., half : 2 * half]
             chosen = self.protocol.mul(
@@ -451,7 +474,7 @@ def _require_bool(self: Interpreter, eqn: JaxprEqn) -> None:
 def _logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     _require_bool(self, eqn)
     shape = _aval(eqn).shape
-    a, b = (jnp.broadcast_to(s, (s.shape[0], *shape)) for s in map(self.boolean, values))
+    a, b = (_broadcast_shares(s, shape) for s in map(self.boolean, values))
     if eqn.primitive.name == "xor":
         return self.out(eqn, a ^ b, boolean=True)
     both = self.protocol.and_(self.ctx, a, b, bits=1)
@@ -484,8 +507,18 @@ def _convert(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         return self.out(eqn, x.shares)
     if is_float(new):
         return self.out(eqn, x.shares << np.uint64(self.ctx.frac_bits))
-    # float -> int: floor (JAX rounds toward zero; this differs for negative non-integers)
-    return self.out(eqn, self.protocol.trunc(self.ctx, x.shares, self.ctx.frac_bits))
+    return self.out(eqn, _toward_zero(self, x.shares))
+
+
+def _toward_zero(self: Interpreter, x: Shares) -> Shares:
+    """Fixed point to integer, rounding toward zero as JAX does (24 rounds): split off the
+    sign, truncate |x| (off by at most one up), correct with one comparison, sign back."""
+    f = self.ctx.frac_bits
+    negative = _negative(self, x)
+    magnitude = x - (self.protocol.mul(self.ctx, negative, x) << np.uint64(1))
+    whole = self.protocol.trunc(self.ctx, magnitude, f)
+    whole = whole - _negative(self, magnitude - (whole << np.uint64(f)))
+    return whole - (self.protocol.mul(self.ctx, negative, whole) << np.uint64(1))
 
 
 # -- powers and division -----------------------------------------------------------------------
@@ -545,10 +578,9 @@ def _div(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     aval = _aval(eqn)
     _require_float(self, eqn, aval.dtype)
     if not isinstance(y, Secret):
-        scale = ring.encode(1.0 / np.asarray(y, np.float64), self.ctx.frac_bits)
         shares = self.arith(x, aval.dtype, aval.shape)
-        scaled = shares * jnp.broadcast_to(scale, aval.shape)
-        return self.out(eqn, self.protocol.trunc(self.ctx, scaled, self.ctx.frac_bits))
+        inverse = 1.0 / (y if isinstance(y, jax.core.Tracer) else np.asarray(y, np.float64))
+        return self.out(eqn, _times_public(self, shares, inverse, aval.shape))
     reciprocal = approx.reciprocal(self.fx, self.arith(y, aval.dtype, aval.shape))
     if not isinstance(x, Secret):
         numerator = jnp.broadcast_to(ring.encode(x, self.ctx.frac_bits), aval.shape)
