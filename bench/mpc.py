@@ -1,0 +1,383 @@
+"""mp.mpc benchmark on the Simulator (3 parties, CPU): ABY3 over Z_2^64, 18 fraction bits, on
+the workloads and data of the SPU 0.9.5 reference script (spu_bench.py); prints one markdown
+table, and with `--spu spu.json` (that script's --json output) ratios and PASS/FAIL per target.
+
+    python bench/mpc.py [--spu /tmp/spu.json] [--quick] [--only SUBSTRING] [--json out.json]
+
+Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held by party i % 3:
+- first: `sim.compile` (jax trace + share program + export, "trace") plus the first
+  evaluate+fetch (XLA compile of every round's PFunction at each party, and the run).
+- wall: median of 3 evaluate + fetch of the revealed result at party 0, after one warm-up;
+  inputs are put beforehand (SPU's wall also counts turning numpy inputs into shares).
+- rounds: SHUFFLE ops of the mpc.run part that move data (route with dst != src), then its
+  depth (most such SHUFFLEs on one dependency chain; one round can send several messages),
+  then all the program's SHUFFLE ops (with seal, key setup, reveal, and those that move
+  nothing, e.g. seal's converge and reveal's own-pair step). The mpc.run part is
+  found by tagging: SHUFFLEs fed by a CALL whose PFunction `rounds.emit_rounds` named "mpc.*".
+- bytes/party: for each moving route of those SHUFFLEs, the op's output nbytes, charged to the
+  sender; mean and max over the 3 parties. Seal, key setup and reveal are excluded, as SPU's
+  link counters exclude input sharing and output reconstruction.
+- error vs numpy float64 on the same inputs, as the SPU script measures it.
+Targets (with --spu): wall <= SPU wall, mean bytes per party <= SPU's, error <= SPU's (ours
+rounded to the 3 significant digits SPU's JSON has). Exit code 1 when one is missed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path and bench/simulator.py would
+# shadow the `simulator` package; drop that entry before importing it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import mpplug as mp  # noqa: E402
+from mpplug.core.graph import OpKind  # noqa: E402
+
+REPEATS = 3
+WARMUP = 1
+RECV_TIMEOUT_S = 120.0
+"""Per receive; the default 30 s can expire while a peer compiles on a loaded 2-core machine."""
+ERROR_SLACK = 1.0
+"""Error target: ours <= SPU's x this (1.0: no worse at all)."""
+MPC_PREFIX = "mpc."
+"""emit_rounds names each round's PFunction mpc.<fn>.<tags>."""
+
+
+# ---------------------------------------------------------------- workloads (SPU's data)
+
+
+def sigmoid_np(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def less(a: jax.Array, b: jax.Array) -> jax.Array:
+    return a < b
+
+
+def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    return a @ b
+
+
+def mul(a: jax.Array, b: jax.Array) -> jax.Array:
+    return a * b
+
+
+def lr_step(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
+    p = jax.nn.sigmoid(x @ w)
+    return w - 1.0 * (x.T @ (p - y)) / x.shape[0]
+
+
+def reciprocal(a: jax.Array) -> jax.Array:
+    return 1.0 / a
+
+
+@dataclass
+class Workload:
+    name: str
+    """Exactly the SPU script's name, so that --spu rows match."""
+    fn: Callable[..., Any]
+    args: tuple[np.ndarray, ...]
+    ref: np.ndarray
+    metric: str
+    """"wrong", "max abs" or "max rel"."""
+
+
+def workloads(quick: bool) -> list[Workload]:
+    """The SPU script's workloads minus its 10-epoch logreg, drawing from one
+    default_rng(0) in its order, so every input is bit for bit the one SPU ran on."""
+    rng = np.random.default_rng(0)
+    s = 10 if quick else 1
+    out = []
+    n = 100_000 // s
+    x, y = rng.normal(size=n), rng.normal(size=n)
+    out.append(Workload(f"x < y, n={n:,}", less, (x, y), x < y, "wrong"))
+    for m in (128, 512):
+        a, b = rng.normal(size=(m, m)), rng.normal(size=(m, m))
+        out.append(Workload(f"matmul {m}x{m}", matmul, (a, b), a @ b, "max abs"))
+    n = 1_000_000 // s
+    x, y = rng.normal(size=n), rng.normal(size=n)
+    out.append(Workload(f"mul, n={n:,}", mul, (x, y), x * y, "max abs"))
+    X = rng.normal(size=(10_000, 16))
+    w_true = rng.normal(size=16)
+    labels = (rng.random(10_000) < sigmoid_np(X @ w_true)).astype(np.float64)
+    w0 = np.zeros(16)
+    p = sigmoid_np(X @ w0)
+    ref = w0 - 1.0 * (X.T @ (p - labels)) / X.shape[0]
+    out.append(Workload("logreg 1 epoch 10000x16", lr_step, (X, labels, w0), ref, "max abs"))
+    n = 100_000 // s
+    xe = rng.uniform(-4, 4, n)
+    out.append(Workload(f"exp, n={n:,}, x in [-4,4]", jnp.exp, (xe,), np.exp(xe), "max rel"))
+    xr = rng.uniform(0.1, 10, n)
+    out.append(
+        Workload(f"reciprocal, n={n:,}, x in [0.1,10]", reciprocal, (xr,), 1.0 / xr, "max rel")
+    )
+    xs = rng.uniform(0.1, 100, n)
+    out.append(Workload(f"sqrt, n={n:,}, x in [0.1,100]", jnp.sqrt, (xs,), np.sqrt(xs), "max rel"))
+    return out
+
+
+def error(metric: str, got: np.ndarray, ref: np.ndarray) -> float:
+    if metric == "wrong":
+        return float(np.sum(np.asarray(got).astype(bool) != ref))
+    diff = np.abs(np.asarray(got, np.float64) - ref)
+    if metric == "max rel":
+        diff = diff / np.abs(ref)
+    return float(np.max(diff))
+
+
+def program(fn: Callable[..., Any], arity: int) -> mp.MPFunction:
+    """reveal(run(fn, *seal(args)), to=0) as a fresh program (the cluster caches per function)."""
+
+    def secure(*args: mp.MPObject) -> mp.MPObject:
+        if len(args) != arity:
+            raise TypeError(f"expected {arity} arguments, got {len(args)}")
+        sealed = [mp.mpc.seal(a) for a in args]
+        return mp.mpc.reveal(mp.mpc.run(fn, *sealed), to=0)
+
+    return mp.function(secure)
+
+
+# ---------------------------------------------------------------- program statistics
+
+
+@dataclass
+class Comm:
+    shuffles: int = 0
+    """SHUFFLE ops of the mpc.run part that move data."""
+    depth: int = 0
+    total_shuffles: int = 0
+    bytes_sent: dict[int, int] = field(default_factory=dict)
+    """mpc.run part, per sending party."""
+    total_bytes_sent: dict[int, int] = field(default_factory=dict)
+
+
+def comm_stats(graph: Any, parties: int) -> Comm:
+    """Rounds and bytes of a compiled program's Graph (see the module docstring)."""
+    comm = Comm(
+        bytes_sent=dict.fromkeys(range(parties), 0),
+        total_bytes_sent=dict.fromkeys(range(parties), 0),
+    )
+    depth: dict[int, int] = {}
+    for op in graph.ops:
+        deepest = max((depth[ref.op] for ref in op.inputs), default=0)
+        depth[op.id] = deepest
+        if op.kind is not OpKind.SHUFFLE:
+            continue
+        comm.total_shuffles += 1
+        moving = [(dst, src) for dst, src in op.routes if dst != src]
+        nbytes = op.outs[0].nbytes
+        for _, src in moving:
+            comm.total_bytes_sent[src] += nbytes
+        feeder = graph.ops[op.inputs[0].op] if op.inputs else None
+        in_mpc = (
+            feeder is not None
+            and feeder.kind is OpKind.CALL
+            and graph.functions[feeder.function].fn_name.startswith(MPC_PREFIX)
+        )
+        if in_mpc and moving:
+            comm.shuffles += 1
+            depth[op.id] = deepest + 1
+            for _, src in moving:
+                comm.bytes_sent[src] += nbytes
+    comm.depth = max(depth.values(), default=0)
+    return comm
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class Result:
+    name: str
+    trace_s: float
+    first_s: float
+    wall_s: float
+    walls: list[float]
+    comm: Comm
+    error: float
+    metric: str
+
+
+def run_workload(sim: Any, w: Workload) -> Result:
+    handles = [sim.put(i % 3, a) for i, a in enumerate(w.args)]
+    prog = program(w.fn, len(w.args))
+
+    def once() -> np.ndarray:
+        return sim.fetch(sim.evaluate(prog, *handles), party=0)
+
+    start = time.perf_counter()
+    compiled = sim.compile(prog, *handles)
+    trace = time.perf_counter() - start
+    got = once()
+    first = time.perf_counter() - start
+    err = error(w.metric, got, w.ref)
+    for _ in range(WARMUP):
+        once()
+    walls = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        once()
+        walls.append(time.perf_counter() - t0)
+    return Result(
+        w.name,
+        trace,
+        first,
+        statistics.median(walls),
+        walls,
+        comm_stats(compiled.graph, sim.world_size),
+        err,
+        w.metric,
+    )
+
+
+# ---------------------------------------------------------------- SPU comparison
+
+
+def load_spu(path: str) -> dict[str, dict[str, Any]]:
+    """The SPU script's ABY3 rows by workload name, with its error string parsed."""
+    rows = {}
+    for row in json.loads(Path(path).read_text()):
+        if row.get("protocol") != "ABY3" or row.get("wall_median_s") is None:
+            continue
+        text = row["error"]
+        m = re.search(r"(\d+) wrong", text) or re.search(
+            r"max (?:abs|rel) ([0-9.]+(?:e[+-]?\d+)?)", text
+        )
+        row["error_value"] = float(m.group(1)) if m else None
+        rows[row["workload"]] = row
+    return rows
+
+
+def fmt_bytes(b: float | None) -> str:
+    if b is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB"):
+        if b < 1024:
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return f"{b:.1f} GiB"
+
+
+def fmt_error(metric: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{int(value)} wrong" if metric == "wrong" else f"{metric} {value:.2e}"
+
+
+def table(results: list[Result], spu: dict[str, dict[str, Any]] | None) -> tuple[str, bool]:
+    head = [
+        "workload",
+        "first s (trace)",
+        "wall s",
+        "rounds run/depth/total",
+        "bytes/party mean (max)",
+        "error vs numpy",
+    ]
+    if spu is not None:
+        head += [
+            "SPU wall s",
+            "wall ratio",
+            "SPU bytes/party",
+            "bytes ratio",
+            "SPU sends",
+            "SPU error",
+            "target",
+        ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    missed = False
+    for r in results:
+        sent = list(r.comm.bytes_sent.values())
+        mean_b = sum(sent) / len(sent)
+        cells = [
+            r.name,
+            f"{r.first_s:.2f} ({r.trace_s:.2f})",
+            f"{r.wall_s:.3f}",
+            f"{r.comm.shuffles}/{r.comm.depth}/{r.comm.total_shuffles}",
+            f"{fmt_bytes(mean_b)} ({fmt_bytes(max(sent))})",
+            fmt_error(r.metric, r.error),
+        ]
+        if spu is not None:
+            row = spu.get(r.name)
+            if row is None:
+                cells += ["n/a"] * 6 + ["no SPU row"]
+            else:
+                wall_ratio = r.wall_s / row["wall_median_s"]
+                spu_b = row.get("send_bytes_mean")
+                bytes_ratio = mean_b / spu_b if spu_b else None
+                spu_err = row["error_value"]
+                misses = []
+                if wall_ratio > 1.0:
+                    misses.append("wall")
+                if bytes_ratio is None or bytes_ratio > 1.0:
+                    misses.append("bytes")
+                # SPU's JSON gives its error to 3 significant digits: compare ours at that
+                if spu_err is None or float(f"{r.error:.2e}") > spu_err * ERROR_SLACK:
+                    misses.append("error")
+                missed |= bool(misses)
+                cells += [
+                    f"{row['wall_median_s']:.3f}",
+                    f"{wall_ratio:.2f}",
+                    fmt_bytes(spu_b),
+                    "n/a" if bytes_ratio is None else f"{bytes_ratio:.2f}",
+                    str(row.get("send_actions_max", "n/a")),
+                    fmt_error(r.metric, spu_err),
+                    "PASS" if not misses else "FAIL (" + ", ".join(misses) + ")",
+                ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines), missed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spu", help="the SPU anchor's --json output, for ratios and targets")
+    ap.add_argument("--quick", action="store_true", help="10x smaller vectors (as SPU's --quick)")
+    ap.add_argument("--only", help="substring filter on workload names")
+    ap.add_argument("--json", help="write raw results here")
+    args = ap.parse_args()
+    spu = load_spu(args.spu) if args.spu else None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"mpplug {mp.__version__} mp.mpc benchmark: Simulator(3), ABY3 Z_2^64, 18 fraction bits; "
+        f"jax {jax.__version__} ({jax.devices()[0].platform}), numpy {np.__version__}, "
+        f"python {platform.python_version()}, {os.cpu_count()} cores, load avg {load:.2f} at start",
+        flush=True,
+    )
+    chosen = [w for w in workloads(args.quick) if not args.only or args.only in w.name]
+    results = []
+    start = time.perf_counter()
+    with mp.Simulator(3, timeout=RECV_TIMEOUT_S) as sim:
+        for w in chosen:
+            r = run_workload(sim, w)
+            results.append(r)
+            print(
+                f"  {r.name}: first {r.first_s:.2f} s, wall {r.wall_s:.3f} s "
+                f"{[round(t, 3) for t in r.walls]}, {r.comm.shuffles} rounds, "
+                f"{fmt_error(r.metric, r.error)}",
+                flush=True,
+            )
+    print(f"  ({time.perf_counter() - start:.0f} s in all)\n")
+    text, missed = table(results, spu)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 1 if spu is not None and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
