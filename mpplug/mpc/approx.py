@@ -18,7 +18,8 @@ RSQRT_ITERATIONS = 4
 
 def exp(fx: Fxp, x: Shares) -> Shares:
     """e^x as (1 + x/256)^256, 17 rounds. Relative error about x^2/512 (3% at |x| = 4, the
-    same as SPU's default); meant for x in [-16, 16], meaningless beyond +-256."""
+    same as SPU's default); meant for x in [-16, 8]. Above that the last squarings truncate
+    ring values near e^x 2^36, which fail with probability about e^x 2^-28 per element."""
     y = fx.add_const(fx.scale_pow2(x, -EXP_SQUARINGS), 1.0)
     for _ in range(EXP_SQUARINGS):
         y = fx.mul(y, y)

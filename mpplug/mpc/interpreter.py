@@ -426,10 +426,10 @@ def _reduce_extremum(
     )
     while n > 1:
         half = n // 2
-        a, b = x[..., :half], x[..., half : 2 * half]
+        a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]  # neighbours: ties keep a
         bit = _negative(self, a - b if largest else b - a)  # 1 where b wins
         if index is not None:
-            ia, ib = index[..., :half], index[..., half : 2 * half]
+            ia, ib = index[..., 0 : 2 * half : 2], index[..., 1 : 2 * half : 2]
             chosen = self.protocol.mul(
                 self.ctx, jnp.stack([bit, bit], 1), jnp.stack([b - a, ib - ia], 1)
             )
