@@ -80,7 +80,7 @@ def tanh(fx: Fxp, x: Shares) -> Shares:
 def log(fx: Fxp, x: Shares) -> Shares:
     """ln x for x in [0.01, 100] (CrypTen's method): guess x/120 - 20 exp(-2x - 1) + 3, then
     two 8th-order Householder steps y -= sum_k h^k / k with h = 1 - x exp(-y). The error is
-    exp's: about 1e-2 absolute. 67 rounds."""
+    exp's bias: about 1e-2 absolute on [0.1, 10], 4e-2 at the ends. 70 rounds."""
     y = fx.mul_const(x, 1 / 120) - fx.mul_const(exp(fx, fx.add_const(-(x << 1), -1.0)), 20.0)
     y = fx.add_const(y, 3.0)
     for _ in range(LOG_ITERATIONS):
