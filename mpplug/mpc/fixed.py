@@ -49,10 +49,6 @@ class Fxp:
         """The sign bit as arithmetic 0/1 integers."""
         return self.protocol.b2a(self.ctx, self.protocol.msb(self.ctx, a))
 
-    def select(self, bit: Shares, if_one: Shares, if_zero: Shares) -> Shares:
-        """bit ? if_one : if_zero, for an arithmetic 0/1 integer bit (one round)."""
-        return if_zero + self.protocol.mul(self.ctx, bit, if_one - if_zero)
-
     def times_int(self, k: Shares, a: Shares) -> Shares:
         """a times shared integers k (no truncation; one round)."""
         return self.protocol.mul(self.ctx, k, a)

@@ -383,7 +383,7 @@ def _select_n(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 
 
 def _negative(self: Interpreter, shares: Shares) -> Shares:
-    return self.protocol.b2a(self.ctx, self.protocol.msb(self.ctx, shares))
+    return self.fx.is_negative(shares)
 
 
 @rule("max", "min")
