@@ -22,6 +22,7 @@ from mpplug.errors import (
     TraceError,
     UnknownKernelError,
 )
+from mpplug.frontend.control import cond, fori_loop, while_loop
 from mpplug.frontend.jax_export import jax_export
 from mpplug.frontend.primitives import (
     bcast,
@@ -101,11 +102,13 @@ __all__ = [
     "UnknownKernelError",
     "bcast",
     "compile",
+    "cond",
     "constant",
     "converge",
     "errors",
     "evaluate",
     "fetch",
+    "fori_loop",
     "function",
     "gather",
     "invoke",
@@ -120,4 +123,5 @@ __all__ = [
     "run_jax_at",
     "run_pfunc",
     "shuffle_static",
+    "while_loop",
 ]

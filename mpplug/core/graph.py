@@ -1,69 +1,50 @@
-"""`Graph`: the program IR, a flat list of ops over SSA values placed on party sets.
+"""`Graph`: the program IR, ops over SSA values placed on party sets, and its wire form.
 
-Three op kinds: INPUT (a program argument), CALL (a PFunction via its kernel) and SHUFFLE
-(values move between parties). Graphs print as readable text and round-trip through protobuf.
+Op kinds: INPUT (a program argument), CALL (a PFunction via its kernel), SHUFFLE (values move
+between parties), and COND and WHILE, which nest regions. Graphs print as indented text and
+round-trip through protobuf.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NoReturn
 
 from google.protobuf.message import DecodeError
 
 from mpplug.core import serde
-from mpplug.core.parties import PartySet, format_parties
+from mpplug.core.ops import (
+    REGION_KINDS,
+    Block,
+    Op,
+    OpKind,
+    Region,
+    ValueRef,
+    participants,
+    shuffle_sources,
+    uses_regions,
+)
+from mpplug.core.parties import format_parties
 from mpplug.core.pfunction import PFunction
-from mpplug.core.types import TensorType
+from mpplug.core.validate import validate_graph
 from mpplug.errors import InvalidPFunctionError, InvalidProgramError, UnsupportedDTypeError
 from mpplug.protos import values_pb2 as pb
 
-GRAPH_VERSION = 1
-MAX_WORLD_SIZE = 1024
-
-
-class OpKind(enum.Enum):
-    INPUT = pb.Op.INPUT
-    CALL = pb.Op.CALL
-    SHUFFLE = pb.Op.SHUFFLE
-
-
-@dataclass(frozen=True, slots=True)
-class ValueRef:
-    """Output `index` of op `op`."""
-
-    op: int
-    index: int = 0
+GRAPH_VERSION = 2
+"""The newest graph version this code reads and writes: 2 adds COND and WHILE."""
+FIRST_VERSION = 1
+"""The oldest readable version; a graph is written with the lowest version that expresses it."""
 
 
 @dataclass(frozen=True)
-class Op:
-    """One IR node. `parties` hold its outputs; CALL runs there, SHUFFLE delivers there."""
-
-    id: int
-    kind: OpKind
-    parties: PartySet
-    inputs: tuple[ValueRef, ...]
-    outs: tuple[TensorType, ...]
-    function: int = 0
-    routes: tuple[tuple[int, int], ...] = ()
-    input_index: int = 0
-
-    @cached_property
-    def label(self) -> str:
-        return f"%{self.id} ({self.kind.name.lower()})"
-
-
-@dataclass(frozen=True)
-class Graph:
+class Graph(Block):
     """A whole program: functions table, ops in topological order and output refs.
 
     Guarantees: a Graph built by `from_bytes` is well formed (every ref points back, types
-    agree with the PFunctions, parties are within `world_size`); `to_bytes` is canonical.
+    agree with the PFunctions, parties are within `world_size`, regions recursively so);
+    `to_bytes` is canonical.
     """
 
     name: str
@@ -73,19 +54,11 @@ class Graph:
     outputs: tuple[ValueRef, ...]
 
     def __post_init__(self) -> None:
-        _validate(self)
+        validate_graph(self)
 
-    def value_type(self, ref: ValueRef) -> TensorType:
-        return self.ops[ref.op].outs[ref.index]
-
-    def holders(self, ref: ValueRef) -> PartySet:
-        return self.ops[ref.op].parties
-
-    @property
-    def input_ops(self) -> list[Op]:
-        return sorted(
-            (op for op in self.ops if op.kind is OpKind.INPUT), key=lambda op: op.input_index
-        )
+    @cached_property
+    def version(self) -> int:
+        return GRAPH_VERSION if uses_regions(self.ops) else FIRST_VERSION
 
     def to_bytes(self) -> bytes:
         return self._bytes
@@ -104,198 +77,169 @@ class Graph:
         msg = pb.Graph()
         try:
             msg.ParseFromString(bytes(data))
-        except (DecodeError, TypeError) as exc:
+        except (DecodeError, TypeError, RecursionError) as exc:
             raise InvalidProgramError(
                 f"program bytes ({len(data)}) do not decode as a Graph: {exc}"
             ) from None
         return _from_proto(msg)
 
     def ir(self) -> str:
-        """Readable text, one op a line, in the spirit of a jaxpr."""
+        """Readable text, one op a line, regions indented, in the spirit of a jaxpr."""
         lines = [f"program {self.name}(world_size={self.world_size}) {{"]
-        for op in self.ops:
-            lines.append("  " + _format_op(self, op))
-        lines.append("  return " + ", ".join(_ref_name(self, r) for r in self.outputs))
+        _format_block(self, self, lines, "  ")
         lines.append("}")
         return "\n".join(lines)
 
 
-def _ref_name(graph: Graph, ref: ValueRef) -> str:
-    return f"%{ref.op}" if len(graph.ops[ref.op].outs) == 1 else f"%{ref.op}#{ref.index}"
+def _ref_name(block: Block, ref: ValueRef) -> str:
+    return f"%{ref.op}" if len(block.ops[ref.op].outs) == 1 else f"%{ref.op}#{ref.index}"
 
 
-def _format_op(graph: Graph, op: Op) -> str:
-    results = ", ".join(_ref_name(graph, ValueRef(op.id, i)) for i in range(len(op.outs))) or "()"
-    args = ", ".join(_ref_name(graph, r) for r in op.inputs)
+_REGION_NAMES = {OpKind.COND: ("then", "else"), OpKind.WHILE: ("cond", "body")}
+
+
+def _format_block(graph: Graph, block: Block, lines: list[str], indent: str) -> None:
+    for op in block.ops:
+        lines.append(indent + _format_op(graph, block, op))
+        for name, region in zip(_REGION_NAMES.get(op.kind, ()), op.regions, strict=True):
+            lines.append(f"{indent}  {name} {{")
+            _format_block(graph, region, lines, indent + "    ")
+            lines.append(f"{indent}  }}")
+    lines.append(indent + "return " + ", ".join(_ref_name(block, r) for r in block.outputs))
+
+
+def _format_op(graph: Graph, block: Block, op: Op) -> str:
+    results = ", ".join(_ref_name(block, ValueRef(op.id, i)) for i in range(len(op.outs))) or "()"
+    args = ", ".join(_ref_name(block, r) for r in op.inputs)
     types = ", ".join(map(str, op.outs))
+    if op.out_parties:
+        types = ", ".join(
+            f"{t} @{format_parties(p)}" for t, p in zip(op.outs, op.out_parties, strict=True)
+        )
     where = format_parties(op.parties)
     if op.kind is OpKind.INPUT:
         body = f"input[{op.input_index}]"
     elif op.kind is OpKind.CALL:
         fn = graph.functions[op.function]
         body = f"call {fn.fn_type}:{fn.fn_name}({args})"
-    else:
+    elif op.kind is OpKind.SHUFFLE:
         routes = ",".join(f"{dst}<-{src}" for dst, src in op.routes)
         body = f"shuffle[{routes}]({args})"
+    else:
+        body = f"{op.kind.name.lower()}({args})"
     return f"{results} = {body} @{where} : {types}"
 
 
 def _to_proto(graph: Graph) -> pb.Graph:
     return pb.Graph(
-        version=GRAPH_VERSION,
+        version=graph.version,
         name=graph.name,
         world_size=graph.world_size,
         functions=[serde.pfunction_to_proto(f) for f in graph.functions],
-        ops=[
-            pb.Op(
-                id=op.id,
-                kind=op.kind.value,
-                parties=sorted(op.parties),
-                inputs=[pb.ValueRef(op=r.op, index=r.index) for r in op.inputs],
-                outs=[serde.tensor_type_to_proto(t) for t in op.outs],
-                function=op.function,
-                routes=[pb.Route(dst=d, src=s) for d, s in op.routes],
-                input_index=op.input_index,
-            )
-            for op in graph.ops
-        ],
+        ops=[_op_to_proto(op) for op in graph.ops],
         outputs=[pb.ValueRef(op=r.op, index=r.index) for r in graph.outputs],
     )
 
 
+def _op_to_proto(op: Op) -> pb.Op:
+    return pb.Op(
+        id=op.id,
+        kind=op.kind.value,
+        parties=sorted(op.parties),
+        inputs=[pb.ValueRef(op=r.op, index=r.index) for r in op.inputs],
+        outs=[serde.tensor_type_to_proto(t) for t in op.outs],
+        function=op.function,
+        routes=[pb.Route(dst=d, src=s) for d, s in op.routes],
+        input_index=op.input_index,
+        regions=[
+            pb.Region(
+                ops=[_op_to_proto(o) for o in region.ops],
+                outputs=[pb.ValueRef(op=r.op, index=r.index) for r in region.outputs],
+            )
+            for region in op.regions
+        ],
+        out_parties=[pb.PartyList(parties=sorted(p)) for p in op.out_parties],
+    )
+
+
 def _from_proto(msg: pb.Graph) -> Graph:
-    if msg.version != GRAPH_VERSION:
-        raise InvalidProgramError(f"expected graph version {GRAPH_VERSION}, got {msg.version}")
+    if not FIRST_VERSION <= msg.version <= GRAPH_VERSION:
+        newer = (
+            ": the program was written by a newer mpplug than this one; upgrade it"
+            if msg.version > GRAPH_VERSION
+            else ""
+        )
+        raise InvalidProgramError(
+            f"expected graph version {FIRST_VERSION}..{GRAPH_VERSION}, got {msg.version}{newer}"
+        )
     try:
         functions = tuple(
             serde.pfunction_from_proto(f, f"functions[{i}]") for i, f in enumerate(msg.functions)
         )
-        ops = []
-        for i, op in enumerate(msg.ops):
-            if op.kind not in (k.value for k in OpKind):
-                raise InvalidProgramError(f"ops[{i}]: unknown op kind {op.kind}")
-            ops.append(
-                Op(
-                    id=op.id,
-                    kind=OpKind(op.kind),
-                    parties=frozenset(op.parties),
-                    inputs=tuple(ValueRef(r.op, r.index) for r in op.inputs),
-                    outs=tuple(
-                        serde.tensor_type_from_proto(t, f"ops[{i}].outs[{j}]")
-                        for j, t in enumerate(op.outs)
-                    ),
-                    function=op.function,
-                    routes=tuple((r.dst, r.src) for r in op.routes),
-                    input_index=op.input_index,
-                )
-            )
+        ops = _ops_from_proto(msg.ops, "ops", msg.version)
     except (InvalidPFunctionError, UnsupportedDTypeError, ValueError) as exc:
         if isinstance(exc, InvalidProgramError):
             raise
         raise InvalidProgramError(str(exc)) from None
-    return Graph(
+    graph = Graph(
         msg.name,
         msg.world_size,
         functions,
-        tuple(ops),
+        ops,
         tuple(ValueRef(r.op, r.index) for r in msg.outputs),
     )
-
-
-def _validate(graph: Graph) -> None:
-    def fail(where: str, message: str) -> NoReturn:
-        raise InvalidProgramError(f"program {graph.name!r}, {where}: {message}")
-
-    n = graph.world_size
-    if not 1 <= n <= MAX_WORLD_SIZE:
-        fail("world_size", f"expected 1..{MAX_WORLD_SIZE}, got {n}")
-    input_indices: set[int] = set()
-
-    def check_ref(where: str, ref: ValueRef, before: int) -> None:
-        if not 0 <= ref.op < before:
-            fail(where, f"refers to op {ref.op}, expected an earlier op (< {before})")
-        if not 0 <= ref.index < len(graph.ops[ref.op].outs):
-            fail(
-                where,
-                f"refers to output {ref.index} of %{ref.op}, which has "
-                f"{len(graph.ops[ref.op].outs)}",
-            )
-
-    for i, op in enumerate(graph.ops):
-        where = f"op %{i}"
-        if op.id != i:
-            fail(where, f"expected id {i}, got {op.id}")
-        if not op.parties or any(not 0 <= p < n for p in op.parties):
-            fail(
-                where, f"expected a non-empty party set within 0..{n - 1}, got {sorted(op.parties)}"
-            )
-        for j, ref in enumerate(op.inputs):
-            check_ref(f"{where} input {j}", ref, i)
-        if op.kind is OpKind.INPUT:
-            if op.inputs or len(op.outs) != 1:
-                fail(where, "an input takes no operands and has one output")
-            if op.input_index in input_indices:
-                fail(where, f"duplicate input index {op.input_index}")
-            input_indices.add(op.input_index)
-        elif op.kind is OpKind.CALL:
-            if not 0 <= op.function < len(graph.functions):
-                fail(
-                    where,
-                    f"function index {op.function} out of range ({len(graph.functions)} functions)",
-                )
-            fn = graph.functions[op.function]
-            in_types = tuple(graph.value_type(r) for r in op.inputs)
-            if in_types != fn.ins_info or op.outs != fn.outs_info:
-                fail(
-                    where,
-                    f"types ({', '.join(map(str, in_types))}) -> "
-                    f"({', '.join(map(str, op.outs))}) do not match {fn!r}",
-                )
-            for j, ref in enumerate(op.inputs):
-                if not op.parties <= graph.holders(ref):
-                    fail(
-                        where,
-                        f"input {j} is held by {format_parties(graph.holders(ref))}, "
-                        f"not by every party of {format_parties(op.parties)}",
-                    )
-        else:
-            _validate_shuffle(graph, op, fail)
-    if input_indices != set(range(len(input_indices))):
-        fail("inputs", f"expected indices 0..{len(input_indices) - 1}, got {sorted(input_indices)}")
-    for j, ref in enumerate(graph.outputs):
-        check_ref(f"output {j}", ref, len(graph.ops))
-
-
-def _validate_shuffle(graph: Graph, op: Op, fail: Callable[[str, str], NoReturn]) -> None:
-    def bad(message: str) -> NoReturn:
-        fail(f"op %{op.id}", message)
-
-    if not op.inputs or len(op.outs) != 1:
-        bad("a shuffle takes at least one operand and has one output")
-    types = {graph.value_type(r) for r in op.inputs}
-    if types != {op.outs[0]}:
-        bad(f"operand types {sorted(map(str, types))} differ from result {op.outs[0]}")
-    holders: dict[int, ValueRef] = {}
-    for ref in op.inputs:
-        for p in graph.holders(ref):
-            if p in holders:
-                bad(f"party {p} holds more than one operand")
-            holders[p] = ref
-    dsts = [d for d, _ in op.routes]
-    if len(set(dsts)) != len(dsts) or set(dsts) != op.parties:
-        bad(
-            f"routes {list(op.routes)} must name each destination of "
-            f"{format_parties(op.parties)} exactly once"
+    if graph.version != msg.version:
+        raise InvalidProgramError(
+            f"program {graph.name!r}: graph version {msg.version} given, but its ops need "
+            f"exactly version {graph.version}"
         )
-    for dst, src in op.routes:
-        if src not in holders:
-            bad(f"route {dst}<-{src}: party {src} holds no operand")
+    return graph
 
 
-def shuffle_sources(graph: Graph, op: Op) -> dict[int, ValueRef]:
-    """For a SHUFFLE op: which operand each source party sends."""
-    found: dict[int, ValueRef] = {}
-    for ref in op.inputs:
-        for p in graph.holders(ref):
-            found[p] = ref
-    return found
+def _ops_from_proto(msgs: Sequence[pb.Op], where: str, version: int) -> tuple[Op, ...]:
+    ops = []
+    for i, op in enumerate(msgs):
+        at = f"{where}[{i}]"
+        if op.kind not in (k.value for k in OpKind):
+            raise InvalidProgramError(f"{at}: unknown op kind {op.kind}")
+        kind = OpKind(op.kind)
+        if kind in REGION_KINDS and version < GRAPH_VERSION:
+            raise InvalidProgramError(
+                f"{at}: a {kind.name} op needs graph version {GRAPH_VERSION}, got {version}"
+            )
+        ops.append(
+            Op(
+                id=op.id,
+                kind=kind,
+                parties=frozenset(op.parties),
+                inputs=tuple(ValueRef(r.op, r.index) for r in op.inputs),
+                outs=tuple(
+                    serde.tensor_type_from_proto(t, f"{at}.outs[{j}]")
+                    for j, t in enumerate(op.outs)
+                ),
+                function=op.function,
+                routes=tuple((r.dst, r.src) for r in op.routes),
+                input_index=op.input_index,
+                regions=tuple(
+                    Region(
+                        _ops_from_proto(r.ops, f"{at}.regions[{j}].ops", version),
+                        tuple(ValueRef(o.op, o.index) for o in r.outputs),
+                    )
+                    for j, r in enumerate(op.regions)
+                ),
+                out_parties=tuple(frozenset(p.parties) for p in op.out_parties),
+            )
+        )
+    return tuple(ops)
+
+
+__all__ = [
+    "GRAPH_VERSION",
+    "Graph",
+    "Op",
+    "OpKind",
+    "Region",
+    "ValueRef",
+    "participants",
+    "shuffle_sources",
+]

@@ -5,10 +5,12 @@ Primitives append ops to the innermost active `GraphBuilder`; nothing runs while
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import threading
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property, update_wrapper
 from typing import Any
@@ -18,7 +20,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef, keystr
 
 from mpplug.core import PFunction, TensorType
-from mpplug.core.graph import Graph, Op, OpKind, ValueRef
+from mpplug.core.graph import Graph, Op, OpKind, Region, ValueRef
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
 from mpplug.errors import InvalidProgramError, TraceError
@@ -48,7 +50,10 @@ class TracedValue(MPObject):
 
 
 class GraphBuilder:
-    """Collects ops and PFunctions for one program being traced."""
+    """Collects ops and PFunctions for one program being traced, or (with a `parent`) for
+    one region of it: a region shares the program's functions, and values of enclosing
+    builders used in it become its parameters (`operands` says which value each stands for).
+    """
 
     def __init__(
         self,
@@ -56,6 +61,8 @@ class GraphBuilder:
         world_size: int,
         party_names: Sequence[str] | None = None,
         platforms: Sequence[str] | None = None,
+        *,
+        parent: GraphBuilder | None = None,
     ) -> None:
         if world_size < 1:
             raise TraceError(f"expected world_size >= 1, got {world_size}")
@@ -63,9 +70,45 @@ class GraphBuilder:
         self.world_size = world_size
         self.party_names = list(party_names) if party_names is not None else None
         self.platforms = tuple(platforms) if platforms is not None else None
-        self.functions: list[PFunction] = []
-        self._function_index: dict[PFunction, int] = {}
+        self.parent = parent
+        self.functions: list[PFunction] = parent.functions if parent else []
+        self._function_index: dict[PFunction, int] = parent._function_index if parent else {}
         self.ops: list[Op] = []
+        self.operands: list[TracedValue] = []
+        self._captured: dict[tuple[int, ValueRef], TracedValue] = {}
+
+    def region(self, name: str) -> GraphBuilder:
+        """A builder for a region nested in this one."""
+        return GraphBuilder(
+            f"{self.name}/{name}",
+            self.world_size,
+            self.party_names,
+            self.platforms,
+            parent=self,
+        )
+
+    def param(self, outer: TracedValue) -> TracedValue:
+        """A new parameter of this region standing for `outer`, a value of the parent."""
+        (inner,) = self.add_op(
+            OpKind.INPUT, outer.parties, (), (outer.type,), input_index=len(self.operands)
+        )
+        self.operands.append(outer)
+        return inner
+
+    def bind_operands(self, operands: Sequence[TracedValue], explicit: int) -> None:
+        """Make this region's parameters exactly `operands` (values of the parent): its first
+        `explicit` parameters as they are, then the values it captured, in their new places,
+        and unused parameters for the rest."""
+        position = {id(v): explicit + i for i, v in enumerate(operands[explicit:])}
+        for op in list(self.ops):
+            if op.kind is OpKind.INPUT and op.input_index >= explicit:
+                index = position[id(self.operands[op.input_index])]
+                self.ops[op.id] = dataclasses.replace(op, input_index=index)
+        have = {id(v) for v in self.operands[explicit:]}
+        for v in operands[explicit:]:
+            if id(v) not in have:
+                self.add_op(OpKind.INPUT, v.parties, (), (v.type,), input_index=position[id(v)])
+        self.operands = list(operands)
 
     @property
     def all_parties(self) -> PartySet:
@@ -100,12 +143,27 @@ class GraphBuilder:
         return resolved
 
     def value(self, x: Any, where: str) -> TracedValue:
-        """Check that `x` is a party value of this program."""
+        """`x` as a value of this builder: a value of an enclosing one becomes a parameter."""
         if isinstance(x, TracedValue) and x.builder is self:
             return x
+        if isinstance(x, TracedValue) and self._encloses(x.builder):
+            key = (id(x.builder), x.ref)
+            found = self._captured.get(key)
+            if found is None:
+                assert self.parent is not None
+                found = self._captured[key] = self.param(self.parent.value(x, where))
+            return found
         if isinstance(x, TracedValue):
             raise TraceError(f"{where}: {x!r} belongs to another program being traced")
         raise TraceError(f"{where}: expected a party value of this program, got {type(x).__name__}")
+
+    def _encloses(self, builder: GraphBuilder) -> bool:
+        outer = self.parent
+        while outer is not None:
+            if outer is builder:
+                return True
+            outer = outer.parent
+        return False
 
     def add_op(
         self,
@@ -117,6 +175,8 @@ class GraphBuilder:
         function: PFunction | None = None,
         routes: Sequence[tuple[int, int]] = (),
         input_index: int = 0,
+        regions: Sequence[Region] = (),
+        out_parties: Sequence[PartySet] = (),
     ) -> list[TracedValue]:
         op_id = len(self.ops)
         fn_index = 0
@@ -134,9 +194,18 @@ class GraphBuilder:
                 function=fn_index,
                 routes=tuple(routes),
                 input_index=input_index,
+                regions=tuple(regions),
+                out_parties=tuple(out_parties),
             )
         )
-        return [TracedValue(self, ValueRef(op_id, i), t, parties) for i, t in enumerate(outs)]
+        holders = list(out_parties) or [parties] * len(outs)
+        return [
+            TracedValue(self, ValueRef(op_id, i), t, p)
+            for i, (t, p) in enumerate(zip(outs, holders, strict=True))
+        ]
+
+    def build_region(self, outputs: Sequence[TracedValue]) -> Region:
+        return Region(tuple(self.ops), tuple(v.ref for v in outputs))
 
     def build(self, outputs: Sequence[TracedValue]) -> Graph:
         try:
@@ -180,6 +249,17 @@ def _stack() -> list[GraphBuilder]:
     if stack is None:
         stack = _state.stack = []
     return stack
+
+
+@contextlib.contextmanager
+def tracing(builder: GraphBuilder) -> Iterator[GraphBuilder]:
+    """Make `builder` the innermost one while the block runs."""
+    stack = _stack()
+    stack.append(builder)
+    try:
+        yield builder
+    finally:
+        stack.pop()
 
 
 def current_builder(primitive: str) -> GraphBuilder:
@@ -297,12 +377,8 @@ def trace(
             traced_leaves.append(value)
         else:
             traced_leaves.append(leaf)
-    stack = _stack()
-    stack.append(builder)
-    try:
+    with tracing(builder):
         result = raw(*jax.tree.unflatten(in_tree, traced_leaves))
-    finally:
-        stack.pop()
     paths_leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
     outputs: list[TracedValue] = []
     template: list[Any] = []

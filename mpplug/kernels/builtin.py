@@ -1,4 +1,4 @@
-"""Builtin kernels (constant, rank, random, identity) and the PFunctions that call them.
+"""Builtin kernels (constant, rank, random, identity, counter) and the PFunctions that call them.
 
 They are registered through entry points exactly like any third-party kernel.
 """
@@ -19,8 +19,11 @@ CONSTANT = "mpplug.constant"
 RANK = "mpplug.rank"
 RANDOM = "mpplug.random"
 IDENTITY = "mpplug.identity"
+COUNTER = "mpplug.counter"
 
 RANK_TYPE = TensorType(DType.INT32, ())
+INDEX_TYPE = TensorType(DType.INT32, ())
+FLAG_TYPE = TensorType(DType.BOOL, ())
 
 
 def constant_pfunction(value: Any) -> PFunction:
@@ -40,6 +43,14 @@ def random_pfunction(shape: Sequence[int]) -> PFunction:
 
 def identity_pfunction(types: Sequence[TensorType]) -> PFunction:
     return PFunction(IDENTITY, "identity", b"", tuple(types), tuple(types))
+
+
+def counter_pfunction(stop: int) -> PFunction:
+    """i32[] -> (i32[], bool[]): the next index, and whether it is below `stop`; the step of
+    `mp.fori_loop`, run on the host so a loop step costs no device dispatch."""
+    return PFunction(
+        COUNTER, "counter", b"", (INDEX_TYPE,), (INDEX_TYPE, FLAG_TYPE), {"stop": int(stop)}
+    )
 
 
 def _single_output(pfunc: PFunction) -> TensorType:
@@ -78,3 +89,15 @@ def run_random(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) ->
 
 def run_identity(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
     return list(args)
+
+
+def run_counter(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    stop = pfunc.attrs.get("stop")
+    if isinstance(stop, bool) or not isinstance(stop, int):
+        raise InvalidPFunctionError(f"{COUNTER}: expected an int attribute 'stop', got {stop!r}")
+    if pfunc.ins_info != (INDEX_TYPE,) or pfunc.outs_info != (INDEX_TYPE, FLAG_TYPE):
+        raise InvalidPFunctionError(
+            f"{COUNTER}: expected {INDEX_TYPE} -> ({INDEX_TYPE}, {FLAG_TYPE}), got {pfunc!r}"
+        )
+    following = int(args[0]) + 1
+    return [np.asarray(following, dtype=np.int32), np.asarray(following < stop)]

@@ -232,18 +232,20 @@ class StatusReply(_message.Message):
     def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., sessions: _Optional[int] = ..., uptime_s: _Optional[float] = ...) -> None: ...
 
 class PeerHeader(_message.Message):
-    __slots__ = ("exec_id", "op", "src", "dst", "type")
+    __slots__ = ("exec_id", "op", "src", "dst", "type", "scope")
     EXEC_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     exec_id: str
     op: int
     src: int
     dst: int
     type: _values_pb2.TensorType
-    def __init__(self, exec_id: _Optional[str] = ..., op: _Optional[int] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ...) -> None: ...
+    scope: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, exec_id: _Optional[str] = ..., op: _Optional[int] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ..., scope: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PeerChunk(_message.Message):
     __slots__ = ("header", "data")

@@ -112,18 +112,36 @@ class Route(_message.Message):
     src: int
     def __init__(self, dst: _Optional[int] = ..., src: _Optional[int] = ...) -> None: ...
 
+class PartyList(_message.Message):
+    __slots__ = ("parties",)
+    PARTIES_FIELD_NUMBER: _ClassVar[int]
+    parties: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, parties: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Region(_message.Message):
+    __slots__ = ("ops", "outputs")
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[Op]
+    outputs: _containers.RepeatedCompositeFieldContainer[ValueRef]
+    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[ValueRef, _Mapping]]] = ...) -> None: ...
+
 class Op(_message.Message):
-    __slots__ = ("id", "kind", "parties", "inputs", "outs", "function", "routes", "input_index")
+    __slots__ = ("id", "kind", "parties", "inputs", "outs", "function", "routes", "input_index", "regions", "out_parties")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Op.Kind]
         INPUT: _ClassVar[Op.Kind]
         CALL: _ClassVar[Op.Kind]
         SHUFFLE: _ClassVar[Op.Kind]
+        COND: _ClassVar[Op.Kind]
+        WHILE: _ClassVar[Op.Kind]
     KIND_UNSPECIFIED: Op.Kind
     INPUT: Op.Kind
     CALL: Op.Kind
     SHUFFLE: Op.Kind
+    COND: Op.Kind
+    WHILE: Op.Kind
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARTIES_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +150,8 @@ class Op(_message.Message):
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     INPUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    OUT_PARTIES_FIELD_NUMBER: _ClassVar[int]
     id: int
     kind: Op.Kind
     parties: _containers.RepeatedScalarFieldContainer[int]
@@ -140,7 +160,9 @@ class Op(_message.Message):
     function: int
     routes: _containers.RepeatedCompositeFieldContainer[Route]
     input_index: int
-    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[Op.Kind, str]] = ..., parties: _Optional[_Iterable[int]] = ..., inputs: _Optional[_Iterable[_Union[ValueRef, _Mapping]]] = ..., outs: _Optional[_Iterable[_Union[TensorType, _Mapping]]] = ..., function: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., input_index: _Optional[int] = ...) -> None: ...
+    regions: _containers.RepeatedCompositeFieldContainer[Region]
+    out_parties: _containers.RepeatedCompositeFieldContainer[PartyList]
+    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[Op.Kind, str]] = ..., parties: _Optional[_Iterable[int]] = ..., inputs: _Optional[_Iterable[_Union[ValueRef, _Mapping]]] = ..., outs: _Optional[_Iterable[_Union[TensorType, _Mapping]]] = ..., function: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., input_index: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[Region, _Mapping]]] = ..., out_parties: _Optional[_Iterable[_Union[PartyList, _Mapping]]] = ...) -> None: ...
 
 class Graph(_message.Message):
     __slots__ = ("version", "name", "world_size", "functions", "ops", "outputs")

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from mpplug.config import ClusterSpec
+from mpplug.core.validate import MAX_REGION_DEPTH
 from mpplug.errors import ExecutionAborted, PartyUnavailableError, WireError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
@@ -91,6 +92,7 @@ class PeerCommunicator(Communicator):
             src=key.src,
             dst=key.dst,
             type=codec.encode_type(array),
+            scope=key.scope,
         )
         service = self._peer(key.dst)
         give_up = time.monotonic() + transfer_deadline(self.timeout, array.nbytes)
@@ -253,8 +255,19 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
     def _receive(self, chunks: Iterator[bytes], caller: str | None) -> pb.SendReply:
         where = f"value sent to party {self._rank}"
         header, parts = read_chunks(chunks, pb.PeerChunk, where)
-        key = Key(check_scoped_id(header.exec_id, "exec_id"), header.op, header.src, header.dst)
+        key = Key(
+            check_scoped_id(header.exec_id, "exec_id"),
+            header.op,
+            header.src,
+            header.dst,
+            tuple(header.scope),
+        )
         where = f"value {key} sent to party {self._rank}"
+        if len(key.scope) % 3 or len(key.scope) > 3 * MAX_REGION_DEPTH:
+            raise BadRequest(
+                f"{where}: expected a scope of (op, region, iteration) triples, at most "
+                f"{MAX_REGION_DEPTH} deep, got {len(key.scope)} numbers"
+            )
         if key.dst != self._rank:
             raise BadRequest(f"{where}: this is party {self._rank}, not {key.dst}")
         if not (0 <= key.src < len(self._names)) or key.src == self._rank:

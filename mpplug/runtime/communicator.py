@@ -1,6 +1,7 @@
 """How a party exchanges values with its peers: the `Communicator` interface and a `Mailbox`.
 
-Values are keyed by (execution id, op id, source, destination) so executions never mix.
+Values are keyed by (execution id, op, source, destination, region scope) so executions,
+branches and loop iterations never mix.
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mpplug.errors import CommTimeoutError, ExecutionAborted, MPPlugError
 
@@ -21,17 +21,26 @@ MAX_REASON_CHARS = 256
 """An abort reason is cut to this many characters (it is remembered and shown in errors)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Key:
-    """Where a value belongs: one op of one execution, from `src` to `dst`."""
+class Key(NamedTuple):
+    """Where a value belongs: one op of one execution, from `src` to `dst`.
+
+    `scope` places the op inside COND and WHILE regions: (op, region, iteration) for each
+    enclosing region op, outermost first, so every branch and iteration has its own keys.
+    A tuple, so it hashes fast.
+    """
 
     exec_id: str
     op: int
     src: int
     dst: int
+    scope: tuple[int, ...] = ()
 
     def __str__(self) -> str:
-        return f"{self.exec_id}/{self.op}/{self.src}->{self.dst}"
+        frames = "".join(
+            f"{self.scope[i]}.{self.scope[i + 1]}.{self.scope[i + 2]}/"
+            for i in range(0, len(self.scope), 3)
+        )
+        return f"{self.exec_id}/{frames}{self.op}/{self.src}->{self.dst}"
 
 
 class Communicator(ABC):

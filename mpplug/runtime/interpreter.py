@@ -1,7 +1,8 @@
 """`Interpreter`: runs one party's share of a Graph.
 
-It runs the ops whose party set holds its rank through the kernel registry, and moves values
-for SHUFFLE ops through a Communicator. A plan is built once per (graph, rank).
+It runs the ops whose party set holds its rank through the kernel registry, moves values for
+SHUFFLE ops through a Communicator, and runs COND and WHILE regions itself, with no round trip
+to the driver. A plan is built once per (graph, rank).
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from mpplug.core import TensorType
+import numpy as np
+
+from mpplug.core import PFunction, TensorType
 from mpplug.core.graph import Graph, Op, OpKind, ValueRef, shuffle_sources
+from mpplug.core.ops import Block
 from mpplug.errors import (
     CommTimeoutError,
     ExecutionAborted,
@@ -20,7 +24,7 @@ from mpplug.errors import (
     PartyUnavailableError,
     WireError,
 )
-from mpplug.kernels import KernelRuntime, invoke
+from mpplug.kernels import KernelRuntime, builtin, invoke
 from mpplug.runtime.communicator import Communicator, Key
 
 _PASS_THROUGH = (CommTimeoutError, ExecutionAborted, PartyUnavailableError, PartyError)
@@ -33,6 +37,12 @@ class _Step:
     sends: tuple[tuple[int, ValueRef], ...] = ()
     receive_from: int | None = None
     local: ValueRef | None = None
+    fn: PFunction | None = None
+    """CALL: the function to invoke."""
+    regions: tuple[_Plan, ...] = ()
+    counter: tuple[int, int, int] | None = None
+    """WHILE counting with `mpplug.counter`: (index operand, flag operand, stop)."""
+    results: tuple[ValueRef, ...] = ()
     drop: tuple[ValueRef, ...] = ()
     """Values last used by this step: freed right after it, so peak memory is the live set."""
 
@@ -41,11 +51,63 @@ class _Step:
         return [*self.args, *(ref for _, ref in self.sends), *filter(None, [self.local])]
 
 
-def describe_op(graph: Graph, op: Op) -> str:
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One party's steps for a block (the graph or a region): which parameters it holds
+    (position, where the value goes), the steps, and the block's outputs."""
+
+    params: tuple[tuple[int, ValueRef], ...]
+    steps: tuple[_Step, ...]
+    outputs: tuple[ValueRef, ...]
+    forwards: tuple[int | None, ...] | None = None
+    """With no steps: the parameter each output is (None where not held here)."""
+
+
+class _Frame(NamedTuple):
+    """One enclosing region instance: region `region` of op `op`, at `iteration`, inside
+    `outer` (None at the top level)."""
+
+    op: Op
+    region: int
+    iteration: int
+    scope: tuple[int, ...]
+    """The communicator scope of the ops inside: the enclosing frames' and this one's."""
+    outer: _Frame | None
+
+    @classmethod
+    def inside(cls, outer: _Frame | None, op: Op, region: int, iteration: int) -> _Frame:
+        scope = (op.id, region, iteration)
+        return cls(op, region, iteration, outer.scope + scope if outer else scope, outer)
+
+    def __str__(self) -> str:
+        if self.op.kind is OpKind.COND:
+            branch = ("true", "false")[self.region]
+            return f"in the {branch} branch of op %{self.op.id} (cond)"
+        part = "the condition of " if self.region == 0 else ""
+        return f"in {part}iteration {self.iteration} of op %{self.op.id} (while)"
+
+
+def describe_op(graph: Graph, op: Op, frame: _Frame | None = None) -> str:
+    """`op %3 (call jax.exec:f)`, followed by the region instances it ran in, innermost first."""
     if op.kind is OpKind.CALL:
         fn = graph.functions[op.function]
-        return f"op %{op.id} (call {fn.fn_type}:{fn.fn_name})"
-    return f"op %{op.id} ({op.kind.name.lower()})"
+        parts = [f"op %{op.id} (call {fn.fn_type}:{fn.fn_name})"]
+    else:
+        parts = [f"op %{op.id} ({op.kind.name.lower()})"]
+    while frame is not None:
+        parts.append(str(frame))
+        frame = frame.outer
+    return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What every step of one execution needs."""
+
+    comm: Communicator
+    exec_id: str
+    runtime: KernelRuntime
+    timeout: float
 
 
 class Interpreter:
@@ -56,17 +118,42 @@ class Interpreter:
             raise ValueError(f"rank {rank} outside world of {graph.world_size}")
         self.graph = graph
         self.rank = rank
-        planned = [s for op in graph.ops if (s := self._plan(op)) is not None]
-        self.steps = _with_drops(planned, set(graph.outputs))
+        self.plan = self._plan_block(graph)
+        self.steps = self.plan.steps
         self.input_ops = [op for op in graph.input_ops if rank in op.parties]
 
-    def _plan(self, op: Op) -> _Step | None:
+    def _plan_block(self, block: Block) -> _Plan:
+        params = tuple(
+            (op.input_index, ValueRef(op.id)) for op in block.input_ops if self.rank in op.parties
+        )
+        planned = [s for op in block.ops if (s := self._plan_op(block, op)) is not None]
+        forwards = None
+        if not planned:
+            held = {ref: i for i, ref in params}
+            forwards = tuple(held.get(ref) for ref in block.outputs)
+        steps = _with_drops(
+            [dataclasses.replace(s, results=_refs(s.op)) for s in planned], set(block.outputs)
+        )
+        return _Plan(params, steps, block.outputs, forwards)
+
+    def _plan_op(self, block: Block, op: Op) -> _Step | None:
         rank = self.rank
         if op.kind is OpKind.INPUT:
             return None
         if op.kind is OpKind.CALL:
-            return _Step(op, args=op.inputs) if rank in op.parties else None
-        sources = shuffle_sources(self.graph, op)
+            fn = self.graph.functions[op.function]
+            return _Step(op, args=op.inputs, fn=fn) if rank in op.parties else None
+        if op.kind is not OpKind.SHUFFLE:
+            if rank not in op.parties:
+                return None
+            held = tuple(dict.fromkeys(r for r in op.inputs if rank in block.holders(r)))
+            regions = tuple(self._plan_block(r) for r in op.regions)
+            counter = _counter(*regions) if op.kind is OpKind.WHILE else None
+            if counter is not None:
+                regions = (regions[0], counter[1])
+                return _Step(op, args=held, regions=regions, counter=counter[0])
+            return _Step(op, args=held, regions=regions)
+        sources = shuffle_sources(block, op)
         sends = tuple((dst, sources[src]) for dst, src in op.routes if src == rank and dst != rank)
         mine = dict(op.routes).get(rank)
         if not sends and mine is None:
@@ -87,62 +174,142 @@ class Interpreter:
 
         Returns one entry per graph output: the value here, or None where not held.
         """
-        env: dict[ValueRef, Any] = {}
         for op in self.input_ops:
-            value = inputs[op.input_index] if op.input_index < len(inputs) else None
-            if value is None:
+            if op.input_index >= len(inputs) or inputs[op.input_index] is None:
                 raise PartyError(
                     self.rank,
                     describe_op(self.graph, op),
                     "MissingInput",
                     f"argument {op.input_index} ({op.outs[0]}) is not held by this party",
                 )
-            env[ValueRef(op.id)] = value
-        rank = self.rank
-        for step in self.steps:
-            op = step.op
+        return self._run_block(self.plan, inputs, _Run(comm, exec_id, runtime, timeout), None)
+
+    def _run_block(
+        self, plan: _Plan, args: Sequence[Any], run: _Run, frame: _Frame | None
+    ) -> list[Any]:
+        """Run one block inside region instance `frame` (None: the top level)."""
+        if plan.forwards is not None:
+            return [None if i is None else args[i] for i in plan.forwards]
+        env: dict[ValueRef, Any] = {ref: args[i] for i, ref in plan.params}
+        runtime = run.runtime
+        outs: Sequence[Any]
+        for step in plan.steps:
             try:
-                if op.kind is OpKind.CALL:
-                    fn = self.graph.functions[op.function]
-                    outs = invoke(fn, *(env[r] for r in step.args), runtime=runtime)
-                    for i, value in enumerate(outs):
-                        env[ValueRef(op.id, i)] = value
+                if step.fn is not None:
+                    outs = invoke(step.fn, *[env[r] for r in step.args], runtime=runtime)
                 else:
-                    self._shuffle(step, env, comm, exec_id, timeout)
+                    outs = _RUNNERS[step.op.kind](self, step, env, run, frame)
             except _PASS_THROUGH:
                 raise
             except Exception as exc:
                 raise PartyError(
-                    rank, describe_op(self.graph, op), type(exc).__name__, str(exc)
+                    self.rank,
+                    describe_op(self.graph, step.op, frame),
+                    type(exc).__name__,
+                    str(exc),
                 ) from exc
+            for ref, value in zip(step.results, outs, strict=True):
+                if value is not None:
+                    env[ref] = value
             for ref in step.drop:
                 del env[ref]
-        return [env.get(ref) for ref in self.graph.outputs]
+        return [env.get(ref) for ref in plan.outputs]
+
+    def _cond(
+        self, step: _Step, env: dict[ValueRef, Any], run: _Run, frame: _Frame | None
+    ) -> list[Any]:
+        op = step.op
+        branch = 0 if bool(env[op.inputs[0]]) else 1
+        operands = [env.get(r) for r in op.inputs[1:]]
+        inside = _Frame.inside(frame, op, branch, 0)
+        return self._run_block(step.regions[branch], operands, run, inside)
+
+    def _while(
+        self, step: _Step, env: dict[ValueRef, Any], run: _Run, frame: _Frame | None
+    ) -> list[Any]:
+        op = step.op
+        cond, body = step.regions
+        operands = [env.get(r) for r in op.inputs]
+        carried = len(op.outs)
+        iteration = 0
+        while True:
+            if cond.forwards is not None:  # the condition is a loop-carried flag
+                keep_going = operands[cond.forwards[0]]  # type: ignore[index]
+            else:
+                (keep_going,) = self._run_block(
+                    cond, operands, run, _Frame.inside(frame, op, 0, iteration)
+                )
+            if not bool(keep_going):
+                return operands[:carried]
+            outs = self._run_block(body, operands, run, _Frame.inside(frame, op, 1, iteration))
+            if step.counter is not None:  # the body's counter step, run here
+                index, flag, stop = step.counter
+                following = int(operands[index]) + 1  # type: ignore[arg-type]
+                outs[index] = np.asarray(following, dtype=np.int32)
+                outs[flag] = np.asarray(following < stop)
+            operands[:carried] = outs
+            iteration += 1
 
     def _shuffle(
-        self,
-        step: _Step,
-        env: dict[ValueRef, Any],
-        comm: Communicator,
-        exec_id: str,
-        timeout: float,
-    ) -> None:
+        self, step: _Step, env: dict[ValueRef, Any], run: _Run, frame: _Frame | None
+    ) -> tuple[Any]:
         op, rank = step.op, self.rank
+        scope = frame.scope if frame else ()
         for dst, ref in step.sends:
-            comm.send(Key(exec_id, op.id, rank, dst), env[ref])
+            run.comm.send(Key(run.exec_id, op.id, rank, dst, scope), env[ref])
         if step.local is not None:
-            env[ValueRef(op.id)] = env[step.local]
-        elif step.receive_from is not None:
-            value = comm.recv(Key(exec_id, op.id, step.receive_from, rank), timeout)
-            got = TensorType(value.dtype, value.shape)
-            if got != op.outs[0]:
-                raise WireError(
-                    f"received {got} from party {step.receive_from}, expected {op.outs[0]}"
-                )
-            env[ValueRef(op.id)] = value
+            return (env[step.local],)
+        if step.receive_from is None:
+            return (None,)
+        key = Key(run.exec_id, op.id, step.receive_from, rank, scope)
+        try:
+            value = run.comm.recv(key, run.timeout)
+        except CommTimeoutError as exc:
+            where = describe_op(self.graph, op, frame)
+            raise CommTimeoutError(
+                exc.party, exc.peer, f"{exc.key}, {where}", exc.timeout
+            ) from None
+        got = TensorType(value.dtype, value.shape)
+        if got != op.outs[0]:
+            raise WireError(f"received {got} from party {step.receive_from}, expected {op.outs[0]}")
+        return (value,)
 
 
-def _with_drops(steps: list[_Step], keep: set[ValueRef]) -> list[_Step]:
+def _counter(cond: _Plan, body: _Plan) -> tuple[tuple[int, int, int], _Plan] | None:
+    """For a loop counted by an `mpplug.counter` step (as `mp.fori_loop` traces it): the
+    (index, flag, stop) the interpreter counts with instead, and the body without the step."""
+    if cond.forwards is None or cond.forwards[0] is None:
+        return None
+    flag = cond.forwards[0]
+    params = {ref: i for i, ref in body.params}
+    for step in body.steps:
+        if step.fn is None or step.fn.fn_type != builtin.COUNTER or len(step.args) != 1:
+            continue
+        index = params.get(step.args[0])
+        stop = step.fn.attrs.get("stop")
+        if (
+            index is not None
+            and isinstance(stop, int)
+            and max(index, flag) < len(body.outputs)
+            and (body.outputs[index], body.outputs[flag]) == step.results
+        ):
+            rest = tuple(s for s in body.steps if s is not step)
+            return (index, flag, stop), dataclasses.replace(body, steps=rest)
+    return None
+
+
+_RUNNERS = {
+    OpKind.SHUFFLE: Interpreter._shuffle,
+    OpKind.COND: Interpreter._cond,
+    OpKind.WHILE: Interpreter._while,
+}
+
+
+def _refs(op: Op) -> tuple[ValueRef, ...]:
+    return tuple(ValueRef(op.id, i) for i in range(len(op.outs)))
+
+
+def _with_drops(steps: list[_Step], keep: set[ValueRef]) -> tuple[_Step, ...]:
     """Mark on each step the values it uses for the last time (outputs are kept)."""
     used_later: set[ValueRef] = set(keep)
     marked = []
@@ -150,4 +317,4 @@ def _with_drops(steps: list[_Step], keep: set[ValueRef]) -> list[_Step]:
         last = tuple(dict.fromkeys(r for r in step.uses if r not in used_later))
         used_later.update(last)
         marked.append(dataclasses.replace(step, drop=last))
-    return marked[::-1]
+    return tuple(marked[::-1])
