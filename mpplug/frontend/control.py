@@ -125,7 +125,9 @@ def cond(
         region, result = _trace_region(
             builder, name, fn, values, lambda params: jax.tree.unflatten(in_tree, params)
         )
-        outs, out_tree = _party_leaves(region, result, f"{where}: {function_name(fn)} output")
+        outs, out_tree = _party_leaves(
+            region, result, f"{where}: {name}_fn {function_name(fn)} output"
+        )
         branches.append((region, outs, out_tree))
     (true_region, true_outs, true_tree), (false_region, false_outs, false_tree) = branches
     _check_same(

@@ -37,8 +37,7 @@ class Key(NamedTuple):
 
     def __str__(self) -> str:
         frames = "".join(
-            f"{self.scope[i]}.{self.scope[i + 1]}.{self.scope[i + 2]}/"
-            for i in range(0, len(self.scope), 3)
+            ".".join(map(str, self.scope[i : i + 3])) + "/" for i in range(0, len(self.scope), 3)
         )
         return f"{self.exec_id}/{frames}{self.op}/{self.src}->{self.dst}"
 
