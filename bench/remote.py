@@ -1,5 +1,6 @@
 """Benchmark of real parties over gRPC: party-to-party transfer inside a program next to a raw
-TCP socket on loopback, and the cached evaluate+fetch round trip next to the Simulator."""
+TCP socket on loopback, the cached evaluate+fetch round trip next to the Simulator, and a
+fori_loop next to the same steps unrolled."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 # Run as a script, this file's folder comes first on sys.path and bench/simulator.py would
 # shadow the `simulator` package; drop that entry before importing it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench.loops
 
 import socket  # noqa: E402
 import statistics  # noqa: E402
@@ -22,6 +24,7 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 import mpplug as mp  # noqa: E402
+from bench.loops import loop_rows  # noqa: E402
 from mpplug.config import ClusterSpec  # noqa: E402
 from mpplug.remote.driver import Driver  # noqa: E402
 from mpplug.remote.launch import LocalParties  # noqa: E402
@@ -98,7 +101,7 @@ def raw_socket_seconds(payload: np.ndarray) -> float:
         return time.perf_counter() - start
 
 
-def main() -> None:
+def main() -> int:
     rows: list[tuple[str, str, str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="mpplug-bench-") as tmp:
         config = Path(tmp) / "cluster.yaml"
@@ -135,6 +138,7 @@ def main() -> None:
                     del x
 
                 t_driver, t_driver_hop = round_trips(driver)
+                rows.extend(loop_rows(driver, "3 parties over gRPC"))
     with Simulator(3) as sim:
         t_sim, t_sim_hop = round_trips(sim)
     ok = t_driver * 1e3 < TARGET_ROUND_TRIP_MS
@@ -162,7 +166,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    return 1 if any(row[4].startswith("FAIL") for row in rows) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

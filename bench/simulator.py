@@ -1,5 +1,6 @@
 """Simulator benchmark: evaluate+fetch latency versus party count, a chained pipeline versus
-its native jax.jit ops, and a 64 MiB put+fetch; prints one markdown table of ratios."""
+its native jax.jit ops, a 64 MiB put+fetch, and a fori_loop versus the same steps unrolled;
+prints one markdown table of ratios."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 # Run as a script, this file's folder comes first on sys.path and its name would shadow the
 # `simulator` package; drop that entry before importing it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench.loops
 
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -19,6 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mpplug as mp  # noqa: E402
+from bench.loops import loop_rows  # noqa: E402
 from simulator import Simulator  # noqa: E402
 
 PIPELINE_OPS = 50
@@ -132,6 +135,10 @@ def main() -> int:
             "",
         )
     )
+
+    with Simulator(2) as sim:
+        for measurement, loop, unrolled, ratio, verdict in loop_rows(sim, "2 parties"):
+            rows.append((measurement, loop, f"{ratio} ({unrolled})", verdict))
 
     print(f"mpplug simulator benchmark (jax {jax.__version__}, {jax.devices()[0].platform})\n")
     print("| measurement | median | ratio | target |")

@@ -547,3 +547,31 @@ def test_keys_tell_branches_and_iterations_apart():
     c = Key("e", 4, 0, 1, (2, 0, 37))
     assert len({a, b, c, Key("e", 4, 0, 1)}) == 4
     assert str(b) == "e/2.1.37/4/0->1"
+
+
+def test_secure_work_in_a_loop_draws_fresh_randomness_every_iteration():
+    """The same product in five iterations: with correlated randomness reused across
+    iterations the parties would receive the same messages each time, telling them the inputs
+    repeat. Every key and every share message must differ."""
+    from .mpc_views import RecordingSimulator
+
+    @mp.function
+    def square_five_times(x):
+        def body(i, state):
+            x, _ = state
+            return x, mp.mpc.run(lambda v: v * v, x)
+
+        sealed = mp.mpc.seal(x)
+        return mp.fori_loop(0, 5, body, (sealed, mp.mpc.run(lambda v: v * 0, sealed)))[1]
+
+    with RecordingSimulator(3) as sim:
+        out, received = sim.evaluate_recorded(
+            square_five_times, sim.put(0, np.float32([1.5, -2.0]))
+        )
+        result = sim.evaluate(mp.function(lambda s: mp.mpc.reveal(s, to=0)), out)
+        np.testing.assert_allclose(sim.fetch(result, party=0), [2.25, 4.0], atol=1e-3)
+    keys = [r.value.tobytes() for r in received if r.value.dtype == np.uint32]
+    shares = [r.value.tobytes() for r in received if r.value.dtype == np.uint64]
+    assert len(keys) == 3 * 6  # the first key exchange, then one per iteration
+    assert len(set(keys)) == len(keys)
+    assert len(shares) >= 3 * 5 and len(set(shares)) == len(shares)
