@@ -43,6 +43,9 @@ class InMemoryCommunicator(Communicator):
         data = self._mailboxes[self.rank].take(key, timeout)
         return codec.from_wire(data, where=f"value {key} at party {self.rank}")
 
+    def check(self, exec_id: str) -> None:
+        self._mailboxes[self.rank].check(exec_id)
+
 
 def _parse_world(world: Any) -> tuple[list[str], list[Any]]:
     """Party names and device specs from a world size or a ClusterSpec."""

@@ -204,6 +204,7 @@ def test_timeout_inside_a_loop_names_the_iteration(make_cluster):
     assert time.monotonic() - start < 8.0
     assert info.value.party == 1 and info.value.peer == 0
     assert "in iteration 5 of op" in str(info.value)
+    assert "different values of a branch or loop predicate" in str(info.value)
 
 
 def test_sealed_loop_state_stays_sealed_and_a_revealed_loss_drives_the_loop(make_cluster):
@@ -349,7 +350,7 @@ def test_cond_predicate_must_be_a_bool_scalar():
             lambda v: (mp.p2p(0, 1, v),),
             r"output\[0\] is f32\[\] @\{0\} from true_fn .*, but f32\[\] @\{1\} from false_fn",
         ),
-        (lambda v: (v, v), r"true_fn .* returns PyTreeDef\(\(\*,\)\), but false_fn .* returns"),
+        (lambda v: (v, v), r"true_fn .* gives PyTreeDef\(\(\*,\)\), but false_fn .* gives"),
         (lambda v: (v, 1.0), r"false_fn .* output\[1\] is float, expected a party value"),
     ],
 )
@@ -408,6 +409,60 @@ def test_fori_loop_bounds_are_python_ints():
         _trace(prog, F32_AT_0)
     with pytest.raises(TraceError, match=r"upper bound 4294967296 does not fit in i32"):
         _trace(lambda x: mp.fori_loop(0, 2**32, lambda i, v: v, x), F32_AT_0)
+    with pytest.raises(TraceError, match=r"mp.fori_loop init\[1\] is int, expected a party value"):
+        _trace(lambda x: mp.fori_loop(3, 3, lambda i, s: s, (x, 1)), F32_AT_0)  # even if empty
+    with pytest.raises(
+        TraceError,
+        match=r"mp.fori_loop: output is f32\[\] @\{0\} from init, but f32\[\] @\{1\} from body_fn",
+    ):
+        _trace(lambda x: mp.fori_loop(0, 3, lambda i, v: mp.p2p(0, 1, v), x), F32_AT_0)
+
+
+def test_a_user_loop_using_the_counter_kernel_is_run_step_by_step(make_cluster):
+    """The interpreter counts mp.fori_loop's steps on the host; a user loop that uses the
+    counter's results elsewhere must not be mistaken for one."""
+    from mpplug.kernels import builtin
+
+    cluster = make_cluster(2)
+    step = builtin.counter_pfunction(4)
+
+    @mp.function
+    def sums_the_indices(x):
+        def body(state):
+            i, _, acc = state
+            following, more = mp.run_pfunc(step, i)
+            return following, more, mp.run_jax(lambda a, n: a + n, acc, following)
+
+        start = (mp.constant(np.int32(0)), mp.constant(True), x)
+        return mp.while_loop(lambda s: s[1], body, start)[2]
+
+    out = cluster.evaluate(sums_the_indices, cluster.put(0, np.int32(0)))
+    assert _held(cluster, out) == [10, None]  # 1 + 2 + 3 + 4
+
+
+@mp.function
+def endless(x):
+    return mp.while_loop(lambda v: mp.constant(True, parties=[1]), lambda v: v, x)
+
+
+@pytest.mark.parametrize("kind", ["simulator", "driver"])
+def test_an_endless_loop_stops_when_the_execution_is_given_up(kind):
+    from mpplug.remote.driver import Driver
+
+    from .clusters import POOL
+
+    if kind == "simulator":
+        cluster = Simulator(2, timeout=1.0, execute_timeout=2.0)
+    else:
+        cluster = Driver(POOL.get(2).config, timeout=1.0, execute_timeout=2.0)
+    with cluster:
+        start = time.monotonic()
+        with pytest.raises(mp.PartyUnavailableError, match="no answer"):
+            cluster.evaluate(endless, cluster.put(1, np.float32(0.0)))
+        assert time.monotonic() - start < 6.0
+        start = time.monotonic()  # the party is free again: its loop saw the abort
+        assert [int(v) for v in cluster.fetch(cluster.evaluate(mp.function(mp.prank)))] == [0, 1]
+        assert time.monotonic() - start < 3.0
 
 
 def test_nesting_deeper_than_the_limit_is_refused_at_trace_time():

@@ -66,7 +66,7 @@ def _check_same(
     """Two traced outputs must agree in structure, types and placements."""
     (a, b), (ta, tb) = names, trees
     if ta != tb:
-        raise TraceError(f"{where}: {a} returns {ta}, but {b} returns {tb}")
+        raise TraceError(f"{where}: {a} gives {ta}, but {b} gives {tb}")
     paths = [keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(ta.unflatten(leaves[0]))[0]]
     for path, x, y in zip(paths, *leaves, strict=True):
         if (x.type, x.parties) != (y.type, y.parties):
@@ -230,6 +230,7 @@ def fori_loop(lower: int, upper: int, body_fn: Callable[[TracedValue, Any], Any]
             )
         if not -INDEX_LIMIT <= bound <= INDEX_LIMIT:
             raise TraceError(f"{where}: {name} bound {bound} does not fit in i32")
+    start, in_tree = _party_leaves(builder, init, f"{where} init")
     if upper <= lower:
         return init
     world = builder.all_parties
@@ -242,7 +243,13 @@ def fori_loop(lower: int, upper: int, body_fn: Callable[[TracedValue, Any], Any]
         i, _, x = state
         following, more = run_pfunc(step, i, parties=sorted(world))
         counter.append(following)
-        return following, more, body_fn(i, x)
+        result = body_fn(i, x)
+        name = f"body_fn {function_name(body_fn)}"
+        outs, out_tree = _party_leaves(
+            current_builder("fori_loop"), result, f"{where}: {name} output"
+        )
+        _check_same(where, ("init", name), (in_tree, out_tree), (start, outs))
+        return following, more, result
 
     _, _, result = while_loop(lambda state: state[1], body, (index, going, init))
     _narrow_index(builder, [index, going], counter[0].ref.op)

@@ -153,10 +153,11 @@ def constant(value: Any, parties: Any = None) -> TracedValue:
     return _call(builder, pfunc, (), target)[0]
 
 
-def prank() -> TracedValue:
-    """Each party's own rank, an i32 scalar held by every party."""
+def prank(parties: Any = None) -> TracedValue:
+    """Each party's own rank, an i32 scalar held by `parties` (default: all)."""
     builder = current_builder("prank")
-    return _call(builder, builtin.rank_pfunction(), (), builder.all_parties)[0]
+    target = builder.resolve_parties(parties, "mp.prank")
+    return _call(builder, builtin.rank_pfunction(), (), target)[0]
 
 
 def prand(shape: Sequence[int] = (), parties: Any = None) -> TracedValue:

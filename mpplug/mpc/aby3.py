@@ -77,7 +77,7 @@ class ABY3(Protocol):
         def context(rank: jnp.ndarray, mine: jnp.ndarray, theirs: jnp.ndarray) -> Any:
             return jnp.asarray(roles)[rank], jnp.stack([mine, theirs])
 
-        role, keys = run_jax(context, prank(), own, following)
+        role, keys = run_jax(context, prank(parties=list(parties)), own, following)
         return [role, keys]
 
     def share(

@@ -129,6 +129,9 @@ class PeerCommunicator(Communicator):
     def recv(self, key: Key, timeout: float) -> Any:
         return self._mailbox.take(key, timeout)
 
+    def check(self, exec_id: str) -> None:
+        self._mailbox.check(exec_id)
+
     def cancel(self, exec_id: str) -> None:
         """Cancel the sends of `exec_id` in flight, and refuse its later ones."""
         with self._cond:

@@ -58,6 +58,10 @@ class Communicator(ABC):
     def recv(self, key: Key, timeout: float) -> Any:
         """The value sent to this party under `key`; CommTimeoutError after `timeout` s."""
 
+    @abstractmethod
+    def check(self, exec_id: str) -> None:
+        """Raise ExecutionAborted if `exec_id` was aborted here (a loop checks each step)."""
+
 
 class MailboxFull(MPPlugError):
     """A source has more bytes waiting in a mailbox than it allows; the value is refused."""
@@ -125,11 +129,7 @@ class Mailbox:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                reason = self._aborted.get(key.exec_id)
-                if reason is not None:
-                    raise ExecutionAborted(
-                        f"party {self.rank}: execution {key.exec_id} aborted ({reason})"
-                    )
+                self.check(key.exec_id)
                 values = self._values.get(key.exec_id)
                 if values is not None and key in values:
                     value, nbytes = values.pop(key)
@@ -141,6 +141,12 @@ class Mailbox:
                 if remaining <= 0:
                     raise CommTimeoutError(self.rank, key.src, str(key), timeout)
                 self._cond.wait(remaining)
+
+    def check(self, exec_id: str) -> None:
+        """Raise ExecutionAborted if `exec_id` was aborted here."""
+        reason = self._aborted.get(exec_id)
+        if reason is not None:
+            raise ExecutionAborted(f"party {self.rank}: execution {exec_id} aborted ({reason})")
 
     def start(self, exec_id: str) -> None:
         """`exec_id` runs here now: its values wait until it finishes, whatever their age."""

@@ -27,6 +27,10 @@ from mpplug.errors import (
 from mpplug.kernels import KernelRuntime, builtin, invoke
 from mpplug.runtime.communicator import Communicator, Key
 
+_DIVERGED = (
+    "parties that see different values of a branch or loop predicate also wait like this: "
+    "give it one value everywhere with mp.bcast or mp.mpc.reveal"
+)
 _PASS_THROUGH = (CommTimeoutError, ExecutionAborted, PartyUnavailableError, PartyError)
 
 
@@ -241,6 +245,7 @@ class Interpreter:
                 )
             if not bool(keep_going):
                 return operands[:carried]
+            run.comm.check(run.exec_id)  # a loop that never receives must still stop on abort
             outs = self._run_block(body, operands, run, _Frame.inside(frame, op, 1, iteration))
             if step.counter is not None:  # the body's counter step, run here
                 index, flag, stop = step.counter
@@ -266,6 +271,8 @@ class Interpreter:
             value = run.comm.recv(key, run.timeout)
         except CommTimeoutError as exc:
             where = describe_op(self.graph, op, frame)
+            if frame is not None:
+                where += f"; {_DIVERGED}"
             raise CommTimeoutError(
                 exc.party, exc.peer, f"{exc.key}, {where}", exc.timeout
             ) from None
@@ -277,21 +284,32 @@ class Interpreter:
 
 def _counter(cond: _Plan, body: _Plan) -> tuple[tuple[int, int, int], _Plan] | None:
     """For a loop counted by an `mpplug.counter` step (as `mp.fori_loop` traces it): the
-    (index, flag, stop) the interpreter counts with instead, and the body without the step."""
+    (index, flag, stop) the interpreter counts with instead, and the body without the step.
+
+    Only when the condition is the carried flag, and the step's results are used nowhere
+    but as the next index and flag."""
     if cond.forwards is None or cond.forwards[0] is None:
         return None
     flag = cond.forwards[0]
     params = {ref: i for i, ref in body.params}
     for step in body.steps:
-        if step.fn is None or step.fn.fn_type != builtin.COUNTER or len(step.args) != 1:
+        fn = step.fn
+        if fn is None or fn.fn_type != builtin.COUNTER or len(step.args) != 1:
             continue
         index = params.get(step.args[0])
-        stop = step.fn.attrs.get("stop")
+        stop = fn.attrs.get("stop")
+        outputs = list(body.outputs)
+        used = {ref for other in body.steps if other is not step for ref in other.uses}
         if (
             index is not None
+            and fn.ins_info == (builtin.INDEX_TYPE,)
+            and fn.outs_info == (builtin.INDEX_TYPE, builtin.FLAG_TYPE)
             and isinstance(stop, int)
-            and max(index, flag) < len(body.outputs)
-            and (body.outputs[index], body.outputs[flag]) == step.results
+            and not isinstance(stop, bool)
+            and max(index, flag) < len(outputs)
+            and (outputs[index], outputs[flag]) == step.results
+            and all(outputs.count(ref) == 1 for ref in step.results)
+            and not used & set(step.results)
         ):
             rest = tuple(s for s in body.steps if s is not step)
             return (index, flag, stop), dataclasses.replace(body, steps=rest)
