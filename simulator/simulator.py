@@ -16,7 +16,7 @@ import numpy as np
 
 from mpplug.config import ClusterSpec
 from mpplug.core.parties import PartySet
-from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError
+from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError, WireError
 from mpplug.frontend.tracer import Program
 from mpplug.kernels.devices import export_platform
 from mpplug.runtime import codec
@@ -41,7 +41,10 @@ class InMemoryCommunicator(Communicator):
 
     def recv(self, key: Key, timeout: float) -> Any:
         data = self._mailboxes[self.rank].take(key, timeout)
-        return codec.from_wire(data, where=f"value {key} at party {self.rank}")
+        try:
+            return codec.from_wire(data, where="the value")
+        except WireError as exc:  # the key is spelled out only when needed: it costs a join
+            raise WireError(f"party {self.rank} received {key}: {exc}") from None
 
     def check(self, exec_id: str) -> None:
         self._mailboxes[self.rank].check(exec_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from mpplug.errors import (
 )
 from mpplug.kernels import KernelRuntime, builtin, invoke
 from mpplug.runtime.communicator import Communicator, Key
+
+_TRUE, _FALSE = np.array(True), np.array(False)
+_TRUE.flags.writeable = _FALSE.flags.writeable = False
 
 _DIVERGED = (
     "parties that see different values of a branch or loop predicate also wait like this: "
@@ -66,22 +69,29 @@ class _Plan:
     forwards: tuple[int | None, ...] | None = None
     """With no steps: the parameter each output is (None where not held here)."""
 
+    @property
+    def receives(self) -> bool:
+        """Whether every run receives a value (and so notices an abort while it waits)."""
+        return any(step.receive_from is not None for step in self.steps)
 
-class _Frame(NamedTuple):
+
+class _Frame:
     """One enclosing region instance: region `region` of op `op`, at `iteration`, inside
-    `outer` (None at the top level)."""
+    `outer` (None at the top level). A loop moves its frame on (`at`) instead of making one
+    per iteration; a frame is only read while its region instance runs."""
 
-    op: Op
-    region: int
-    iteration: int
-    scope: tuple[int, ...]
-    """The communicator scope of the ops inside: the enclosing frames' and this one's."""
-    outer: _Frame | None
+    __slots__ = ("iteration", "op", "outer", "region", "scope")
 
-    @classmethod
-    def inside(cls, outer: _Frame | None, op: Op, region: int, iteration: int) -> _Frame:
-        scope = (op.id, region, iteration)
-        return cls(op, region, iteration, outer.scope + scope if outer else scope, outer)
+    def __init__(self, outer: _Frame | None, op: Op, region: int, iteration: int = 0) -> None:
+        self.outer, self.op, self.region = outer, op, region
+        self.at(iteration)
+
+    def at(self, iteration: int) -> _Frame:
+        self.iteration = iteration
+        own = (self.op.id, self.region, iteration)
+        self.scope: tuple[int, ...] = self.outer.scope + own if self.outer else own
+        """The communicator scope of the ops inside: the enclosing frames' and this one's."""
+        return self
 
     def __str__(self) -> str:
         if self.op.kind is OpKind.COND:
@@ -217,7 +227,7 @@ class Interpreter:
                     env[ref] = value
             for ref in step.drop:
                 del env[ref]
-        return [env.get(ref) for ref in plan.outputs]
+        return list(map(env.get, plan.outputs))
 
     def _cond(
         self, step: _Step, env: dict[ValueRef, Any], run: _Run, frame: _Frame | None
@@ -225,8 +235,7 @@ class Interpreter:
         op = step.op
         branch = 0 if bool(env[op.inputs[0]]) else 1
         operands = [env.get(r) for r in op.inputs[1:]]
-        inside = _Frame.inside(frame, op, branch, 0)
-        return self._run_block(step.regions[branch], operands, run, inside)
+        return self._run_block(step.regions[branch], operands, run, _Frame(frame, op, branch))
 
     def _while(
         self, step: _Step, env: dict[ValueRef, Any], run: _Run, frame: _Frame | None
@@ -234,26 +243,47 @@ class Interpreter:
         op = step.op
         cond, body = step.regions
         operands = [env.get(r) for r in op.inputs]
+        if step.counter is not None:
+            return self._count(step, operands, run, frame)
         carried = len(op.outs)
+        check = run.comm.check if not body.receives else None
+        in_cond, in_body = _Frame(frame, op, 0), _Frame(frame, op, 1)
         iteration = 0
         while True:
             if cond.forwards is not None:  # the condition is a loop-carried flag
                 keep_going = operands[cond.forwards[0]]  # type: ignore[index]
             else:
-                (keep_going,) = self._run_block(
-                    cond, operands, run, _Frame.inside(frame, op, 0, iteration)
-                )
+                (keep_going,) = self._run_block(cond, operands, run, in_cond.at(iteration))
             if not bool(keep_going):
                 return operands[:carried]
-            run.comm.check(run.exec_id)  # a loop that never receives must still stop on abort
-            outs = self._run_block(body, operands, run, _Frame.inside(frame, op, 1, iteration))
-            if step.counter is not None:  # the body's counter step, run here
-                index, flag, stop = step.counter
-                following = int(operands[index]) + 1  # type: ignore[arg-type]
-                outs[index] = np.asarray(following, dtype=np.int32)
-                outs[flag] = np.asarray(following < stop)
+            if check is not None:  # a loop that never receives must still stop on abort
+                check(run.exec_id)
+            operands[:carried] = self._run_block(body, operands, run, in_body.at(iteration))
+            iteration += 1
+
+    def _count(
+        self, step: _Step, operands: list[Any], run: _Run, frame: _Frame | None
+    ) -> list[Any]:
+        """`_while` for a loop counted by `mpplug.counter` (see `_counter`): the interpreter
+        keeps the index, so a step costs the body's own work and little else."""
+        assert step.counter is not None
+        op, body = step.op, step.regions[1]
+        index, flag, stop = step.counter
+        carried = len(op.outs)
+        check = run.comm.check if not body.receives else None
+        exec_id, run_body, in_body = run.exec_id, self._run_block, _Frame(frame, op, 1)
+        at = int(operands[index])
+        iteration = 0
+        while bool(operands[flag]):
+            if check is not None:  # a loop that never receives must still stop on abort
+                check(exec_id)
+            outs = run_body(body, operands, run, in_body.at(iteration))
+            at += 1
+            outs[index] = np.int32(at)
+            outs[flag] = _TRUE if at < stop else _FALSE
             operands[:carried] = outs
             iteration += 1
+        return operands[:carried]
 
     def _shuffle(
         self, step: _Step, env: dict[ValueRef, Any], run: _Run, frame: _Frame | None
@@ -276,9 +306,10 @@ class Interpreter:
             raise CommTimeoutError(
                 exc.party, exc.peer, f"{exc.key}, {where}", exc.timeout
             ) from None
-        got = TensorType(value.dtype, value.shape)
-        if got != op.outs[0]:
-            raise WireError(f"received {got} from party {step.receive_from}, expected {op.outs[0]}")
+        expected = op.outs[0]
+        if value.dtype != expected.dtype.numpy or value.shape != expected.shape:
+            got = TensorType(value.dtype, value.shape)
+            raise WireError(f"received {got} from party {step.receive_from}, expected {expected}")
         return (value,)
 
 
