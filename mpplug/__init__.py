@@ -32,10 +32,12 @@ from mpplug.frontend.primitives import (
     p2p,
     prand,
     prank,
+    read,
     run_jax,
     run_jax_at,
     run_pfunc,
     shuffle_static,
+    write,
 )
 from mpplug.frontend.tracer import MPFunction, Program, compile, function
 from mpplug.kernels import KernelRuntime, invoke, kernel
@@ -119,9 +121,11 @@ __all__ = [
     "prand",
     "prank",
     "put",
+    "read",
     "run_jax",
     "run_jax_at",
     "run_pfunc",
     "shuffle_static",
     "while_loop",
+    "write",
 ]

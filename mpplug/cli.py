@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "status",
         help="each party's health and open sessions",
-        description="Ask every party of the file for its health and open sessions; "
+        description="Ask every party of the file for its health, open sessions and datasets; "
         "exit 1 if any is not serving. With TLS it presents --cert/--key, else driver.pem/"
         "driver.key next to the CA, else the files of a party whose key is on this host.",
     )
@@ -258,13 +258,22 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         for rank, s in enumerate(statuses):
             record = {"party": s.name, "rank": rank, "endpoint": s.endpoint, "health": s.health}
-            _say(json.dumps({**record, "sessions": s.sessions, "detail": s.detail}))
+            datasets = {name: ttype for name, ttype in s.datasets}
+            _say(
+                json.dumps(
+                    {**record, "sessions": s.sessions, "detail": s.detail, "datasets": datasets}
+                )
+            )
     else:
         rows = [
             [s.name, str(rank), s.endpoint, s.health, _or_dash(s.sessions), s.detail]
             for rank, s in enumerate(statuses)
         ]
         _say(_table(["party", "rank", "endpoint", "health", "sessions", "detail"], rows))
+        listed = [[s.name, name, ttype] for s in statuses for name, ttype in s.datasets]
+        if listed:
+            _say("")
+            _say(_table(["party", "dataset", "type"], listed))
     return EXIT_OK if all(s.serving for s in statuses) else EXIT_FAILURE
 
 

@@ -1,4 +1,5 @@
-"""Cluster configuration: the parties, where they listen, their devices and TLS files.
+"""Cluster configuration: the parties, where they listen, their devices, TLS files, datasets
+and outputs directories.
 
 Loaded from YAML or a dict and validated; every error names the offending field.
 """
@@ -21,8 +22,13 @@ _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252})")
 _PORT = re.compile(r"[0-9]{1,5}")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _DEVICE = re.compile(r"(cpu|cuda|rocm|tpu)(:[0-9]+)?")
-_PARTY_KEYS = {"name", "endpoint", "listen", "device", "tls"}
+_PARTY_KEYS = {"name", "endpoint", "listen", "device", "tls", "data", "outputs"}
 _TLS_KEYS = {"ca", "cert", "key"}
+DATASET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+"""Dataset names: no dots, slashes or spaces, so a name can never be read as a path."""
+_DATASET_KEYS = {"path", "key", "dtype"}
+_OUTPUTS_KEYS = {"path", "overwrite"}
+DATASET_FORMATS = (".npy", ".npz", ".csv")
 _TOP_KEYS = {"parties"}
 
 
@@ -73,14 +79,41 @@ class TLSFiles:
 
 
 @dataclass(frozen=True)
+class DatasetSpec:
+    """A file a party exposes under `name`: a `.npy`, one `key` of a `.npz`, or a `.csv` of
+    numbers parsed as `dtype`."""
+
+    name: str
+    path: Path
+    key: str | None = None
+    dtype: str | None = None
+
+    @property
+    def format(self) -> str:
+        return self.path.suffix.lower()
+
+
+@dataclass(frozen=True)
+class OutputsSpec:
+    """The directory `mp.write` writes `<name>.npy` files to; existing files are kept unless
+    `overwrite`."""
+
+    path: Path
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
 class PartySpec:
-    """One party: `endpoint` is what others dial, `listen` what the server binds."""
+    """One party: `endpoint` is what others dial, `listen` what the server binds; `data` and
+    `outputs` are what programs may read and write there (by dataset name, never by path)."""
 
     name: str
     endpoint: str
     listen: str
     device: str | None = None
     tls: TLSFiles | None = None
+    data: tuple[DatasetSpec, ...] = ()
+    outputs: OutputsSpec | None = None
 
     @property
     def host(self) -> str:
@@ -218,6 +251,15 @@ def _as_dict(p: PartySpec) -> dict[str, Any]:
         d["device"] = p.device
     if p.tls is not None:
         d["tls"] = {"ca": str(p.tls.ca), "cert": str(p.tls.cert), "key": str(p.tls.key)}
+    if p.data:
+        d["data"] = {
+            ds.name: {"path": str(ds.path)}
+            | ({"key": ds.key} if ds.key is not None else {})
+            | ({"dtype": ds.dtype} if ds.dtype is not None else {})
+            for ds in p.data
+        }
+    if p.outputs is not None:
+        d["outputs"] = {"path": str(p.outputs.path), "overwrite": p.outputs.overwrite}
     return d
 
 
@@ -247,7 +289,103 @@ def _party(entry: Any, where: str, base: Path, files_of: Collection[str] | None)
         )
     check = files_of is None or name in files_of
     tls = _tls(entry["tls"], f"{where}.tls", base, check) if entry.get("tls") is not None else None
-    return PartySpec(name, endpoint, listen, device, tls)
+    data = _data(entry.get("data"), f"{where}.data", base)
+    outputs = _outputs(entry["outputs"], f"{where}.outputs", base) if "outputs" in entry else None
+    return PartySpec(name, endpoint, listen, device, tls, data, outputs)
+
+
+def _data(entry: Any, where: str, base: Path) -> tuple[DatasetSpec, ...]:
+    """The `data:` section: dataset name -> a path, or a mapping with path (and key or
+    dtype). Files are checked when the party starts (`mpplug.kernels.datasets`)."""
+    if entry is None:
+        return ()
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of dataset names to files, got {entry!r}")
+    found = []
+    for name, value in entry.items():
+        at = f"{where}.{name}"
+        if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{at}: a dataset name is a letter then up to 63 letters, digits, '_' or '-', "
+                f"got {name!r}"
+            )
+        fields = {"path": value} if isinstance(value, str) else value
+        if not isinstance(fields, Mapping):
+            raise ConfigError(f"{at}: expected a file path or a mapping with 'path', got {value!r}")
+        unknown = _unknown(fields, _DATASET_KEYS)
+        if unknown:
+            raise ConfigError(f"{at}: unknown key(s) {unknown}; expected {sorted(_DATASET_KEYS)}")
+        path = fields.get("path")
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"{at}.path: expected a file path, got {path!r}")
+        spec = DatasetSpec(name, (base / path).resolve(), fields.get("key"), fields.get("dtype"))
+        _check_format(spec, at)
+        found.append(spec)
+    return tuple(found)
+
+
+def _check_format(spec: DatasetSpec, at: str) -> None:
+    if spec.format not in DATASET_FORMATS:
+        raise ConfigError(
+            f"{at}.path: expected a {', '.join(DATASET_FORMATS)} file, got {spec.path.name!r}"
+        )
+    needs_key, needs_dtype = spec.format == ".npz", spec.format == ".csv"
+    if needs_key != (spec.key is not None) or (
+        spec.key is not None and not isinstance(spec.key, str)
+    ):
+        raise ConfigError(
+            f"{at}.key: "
+            + (
+                "a .npz dataset names its array with 'key'"
+                if needs_key
+                else f"only a .npz dataset takes 'key', got {spec.key!r}"
+            )
+        )
+    if needs_dtype != (spec.dtype is not None):
+        raise ConfigError(
+            f"{at}.dtype: "
+            + (
+                "a .csv dataset declares its element type with 'dtype'"
+                if needs_dtype
+                else f"only a .csv dataset takes 'dtype', got {spec.dtype!r}"
+            )
+        )
+    if spec.dtype is not None and spec.dtype not in CSV_DTYPES:
+        raise ConfigError(f"{at}.dtype: expected one of {sorted(CSV_DTYPES)}, got {spec.dtype!r}")
+
+
+CSV_DTYPES = frozenset(
+    {
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    }
+)
+
+
+def _outputs(entry: Any, where: str, base: Path) -> OutputsSpec:
+    fields = {"path": entry} if isinstance(entry, str) else entry
+    if not isinstance(fields, Mapping):
+        raise ConfigError(
+            f"{where}: expected a directory path or a mapping with 'path', got {entry!r}"
+        )
+    unknown = _unknown(fields, _OUTPUTS_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected {sorted(_OUTPUTS_KEYS)}")
+    path, overwrite = fields.get("path"), fields.get("overwrite", False)
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{where}.path: expected a directory path, got {path!r}")
+    if not isinstance(overwrite, bool):
+        raise ConfigError(f"{where}.overwrite: expected true or false, got {overwrite!r}")
+    return OutputsSpec((base / path).resolve(), overwrite)
 
 
 def _tls(entry: Any, where: str, base: Path, check: bool) -> TLSFiles:

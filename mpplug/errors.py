@@ -46,6 +46,11 @@ class ConfigError(MPPlugError, ValueError):
     """A cluster configuration that fails validation."""
 
 
+class DatasetError(MPPlugError, ValueError):
+    """A dataset read or write a party refuses: an unknown or malformed name, no outputs
+    directory, an existing file or a symlink in the way, or a dataset that changed."""
+
+
 class ExecutionAborted(MPPlugError, RuntimeError):
     """An execution was cancelled because another party failed."""
 

@@ -9,15 +9,18 @@ import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 from mpplug.config import ClusterSpec
+from mpplug.core import TensorType
 from mpplug.core.parties import PartySet
 from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError, WireError
 from mpplug.frontend.tracer import Program
+from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.devices import export_platform
 from mpplug.runtime import codec
 from mpplug.runtime.cluster import Cluster
@@ -50,16 +53,19 @@ class InMemoryCommunicator(Communicator):
         self._mailboxes[self.rank].check(exec_id)
 
 
-def _parse_world(world: Any) -> tuple[list[str], list[Any]]:
-    """Party names and device specs from a world size or a ClusterSpec."""
+def _parse_world(world: Any) -> tuple[list[str], list[Any], list[Datasets]]:
+    """Party names, device specs and datasets from a world size or a ClusterSpec (whose
+    data files are checked here, as each party's host checks its own)."""
     if isinstance(world, int) and not isinstance(world, bool):
         if world < 1:
             raise ValueError(f"expected at least one party, got world size {world}")
-        return [f"P{i}" for i in range(world)], [None] * world
+        names = [f"P{i}" for i in range(world)]
+        return names, [None] * world, [Datasets(name) for name in names]
     parties = getattr(world, "parties", None)
     if parties is None:
         raise TypeError(f"expected a world size or a ClusterSpec, got {type(world).__name__}")
-    return [p.name for p in parties], [p.device for p in parties]
+    datasets = [Datasets(p.name, p.data, p.outputs) for p in parties]
+    return [p.name for p in parties], [p.device for p in parties], datasets
 
 
 def _devices(mode: Any, declared: list[Any]) -> list[Any]:
@@ -79,24 +85,33 @@ def _devices(mode: Any, declared: list[Any]) -> list[Any]:
 class Simulator(Cluster):
     """A thread-per-party cluster implementing `mpplug.Cluster`.
 
-    `world` is a number of parties or a ClusterSpec (names and devices from the spec).
+    `world` is a number of parties, a ClusterSpec or a cluster file (names, devices,
+    datasets and outputs from it; each party's data files are checked at construction).
     `devices="auto"` binds party i to local device i modulo the device count. `timeout`
     bounds every receive; one execution may run for `execute_timeout` (default 10 x timeout).
     """
 
     def __init__(
         self,
-        world: int | ClusterSpec,
+        world: int | ClusterSpec | str | Path,
         *,
         devices: str | Sequence[Any] | None = "auto",
         timeout: float = DEFAULT_TIMEOUT,
         execute_timeout: float | None = None,
     ) -> None:
-        names, declared = _parse_world(world)
+        if isinstance(world, str | Path):
+            world = ClusterSpec.from_yaml(world)
+        names, declared, datasets = _parse_world(world)
         bound = _devices(devices, declared)
         self._mailboxes = [Mailbox(r) for r in range(len(names))]
         self._parties = [
-            Party(r, len(names), InMemoryCommunicator(r, self._mailboxes), device=bound[r])
+            Party(
+                r,
+                len(names),
+                InMemoryCommunicator(r, self._mailboxes),
+                device=bound[r],
+                datasets=datasets[r],
+            )
             for r in range(len(names))
         ]
         platforms = sorted(
@@ -131,6 +146,9 @@ class Simulator(Cluster):
         if name not in self._stores[rank]:
             raise MPPlugError(f"party {rank} holds no value named {name!r} (released?)")
         return codec.to_wire(self._stores[rank][name])
+
+    def _dataset_type(self, rank: int, name: str) -> TensorType:
+        return self._parties[rank].runtime.datasets.info(name)
 
     def _release(self, names: list[str], ranks: PartySet) -> None:
         for rank in ranks:

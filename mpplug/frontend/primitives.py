@@ -8,11 +8,12 @@ from typing import Any
 
 import jax
 
-from mpplug.core import PFunction
+from mpplug.config import DATASET_NAME
+from mpplug.core import PFunction, TensorType
 from mpplug.core.graph import OpKind
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
-from mpplug.errors import TraceError
+from mpplug.errors import MPPlugError, TraceError
 from mpplug.frontend.jax_export import function_name, is_array_like, jax_export
 from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder, static_key
 from mpplug.kernels import builtin
@@ -170,6 +171,52 @@ def prand(shape: Sequence[int] = (), parties: Any = None) -> TracedValue:
     return _call(builder, pfunc, (), builder.resolve_parties(parties, "mp.prand"))[0]
 
 
+def read(party: Party, name: str, *, type: Any = None) -> TracedValue:
+    """Party `party`'s dataset `name`, loaded there (it never passes through the driver).
+
+    Its dtype and shape come from the party while tracing; `type` (a TensorType) gives them
+    when tracing without a cluster (`mp.compile`).
+    """
+    builder = current_builder("read")
+    where = f"mp.read({party!r}, {name!r})"
+    rank = builder.resolve_party(party, where)
+    if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
+        raise TraceError(
+            f"{where}: a dataset name is a letter then up to 63 letters, digits, '_' or '-' "
+            f"(programs name datasets, never paths)"
+        )
+    if type is not None:
+        ttype = type if isinstance(type, TensorType) else TensorType(type.dtype, type.shape)
+    elif builder.dataset_type is None:
+        raise TraceError(f"{where}: tracing without a cluster; give the dataset's type=")
+    else:
+        try:
+            ttype = builder.dataset_type(rank, name)
+        except MPPlugError as exc:
+            raise TraceError(f"{where}: {exc}") from None
+    return _call(builder, builtin.read_pfunction(name, ttype), (), frozenset({rank}))[0]
+
+
+def write(party: Party, name: str, value: MPObject) -> TracedValue:
+    """Write `value`, held by `party`, there as its output `name` (`<outputs>/<name>.npy`,
+    atomically). Returns a bool[] at `party` that says it happened."""
+    builder = current_builder("write")
+    where = f"mp.write({party!r}, {name!r})"
+    rank = builder.resolve_party(party, where)
+    if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
+        raise TraceError(
+            f"{where}: an output name is a letter then up to 63 letters, digits, '_' or '-' "
+            f"(programs name outputs, never paths)"
+        )
+    v = builder.value(value, f"{where} value")
+    if rank not in v.parties:
+        raise TraceError(
+            f"{where}: the value is held by {format_parties(v.parties)}, not by party {rank}; "
+            f"move it first with mp.p2p"
+        )
+    return _call(builder, builtin.write_pfunction(name, v.type), (v,), frozenset({rank}))[0]
+
+
 def shuffle_static(x: MPObject | Sequence[MPObject], routing: Mapping[Party, Party]) -> TracedValue:
     """Move values: destination `d` receives the value held at `routing[d]`.
 
@@ -250,8 +297,10 @@ __all__ = [
     "p2p",
     "prand",
     "prank",
+    "read",
     "run_jax",
     "run_jax_at",
     "run_pfunc",
     "shuffle_static",
+    "write",
 ]

@@ -63,6 +63,7 @@ class GraphBuilder:
         platforms: Sequence[str] | None = None,
         *,
         parent: GraphBuilder | None = None,
+        dataset_type: Callable[[int, str], TensorType] | None = None,
     ) -> None:
         if world_size < 1:
             raise TraceError(f"expected world_size >= 1, got {world_size}")
@@ -71,6 +72,10 @@ class GraphBuilder:
         self.party_names = list(party_names) if party_names is not None else None
         self.platforms = tuple(platforms) if platforms is not None else None
         self.parent = parent
+        self.dataset_type: Callable[[int, str], TensorType] | None = (
+            parent.dataset_type if parent else dataset_type
+        )
+        """Asks the cluster for a party's dataset type (None: tracing without a cluster)."""
         self.functions: list[PFunction] = parent.functions if parent else []
         self._function_index: dict[PFunction, int] = parent._function_index if parent else {}
         self.ops: list[Op] = []
@@ -356,13 +361,14 @@ def trace(
     world_size: int,
     party_names: Sequence[str] | None = None,
     platforms: Sequence[str] | None = None,
+    dataset_type: Callable[[int, str], TensorType] | None = None,
 ) -> tuple[Program, list[MPObject]]:
     """Trace `fn(*args)`: MPObject leaves of `args` become program inputs, other leaves
     are passed through as static Python values. Returns the Program and the MPObject
-    arguments in input order."""
+    arguments in input order. `dataset_type(rank, name)` answers `mp.read`'s questions."""
     raw = fn.fn if isinstance(fn, MPFunction) else fn
     name = getattr(raw, "__name__", "program")
-    builder = GraphBuilder(name, world_size, party_names, platforms)
+    builder = GraphBuilder(name, world_size, party_names, platforms, dataset_type=dataset_type)
     leaves, in_tree = jax.tree.flatten(tuple(args))
     inputs: list[MPObject] = []
     traced_leaves: list[Any] = []

@@ -1,4 +1,5 @@
-"""Builtin kernels (constant, rank, random, identity, counter) and the PFunctions that call them.
+"""Builtin kernels (constant, rank, random, identity, counter, read, write) and the PFunctions
+that call them.
 
 They are registered through entry points exactly like any third-party kernel.
 """
@@ -20,6 +21,8 @@ RANK = "mpplug.rank"
 RANDOM = "mpplug.random"
 IDENTITY = "mpplug.identity"
 COUNTER = "mpplug.counter"
+READ = "mpplug.read"
+WRITE = "mpplug.write"
 
 RANK_TYPE = TensorType(DType.INT32, ())
 INDEX_TYPE = TensorType(DType.INT32, ())
@@ -51,6 +54,25 @@ def counter_pfunction(stop: int) -> PFunction:
     return PFunction(
         COUNTER, "counter", b"", (INDEX_TYPE,), (INDEX_TYPE, FLAG_TYPE), {"stop": int(stop)}
     )
+
+
+def read_pfunction(name: str, ttype: TensorType) -> PFunction:
+    """() -> ttype: the party's dataset `name` (see `mpplug.kernels.datasets`)."""
+    return PFunction(READ, "read", b"", (), (ttype,), {"name": name})
+
+
+def write_pfunction(name: str, ttype: TensorType) -> PFunction:
+    """ttype -> bool[]: writes the value as the party's output `name`; returns True."""
+    return PFunction(WRITE, "write", b"", (ttype,), (FLAG_TYPE,), {"name": name})
+
+
+def _dataset_name(pfunc: PFunction) -> str:
+    name = pfunc.attrs.get("name")
+    if not isinstance(name, str):
+        raise InvalidPFunctionError(
+            f"{pfunc.fn_type}: expected a str attribute 'name', got {name!r}"
+        )
+    return name
 
 
 def _single_output(pfunc: PFunction) -> TensorType:
@@ -101,3 +123,14 @@ def run_counter(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -
         )
     following = int(args[0]) + 1
     return [np.asarray(following, dtype=np.int32), np.asarray(following < stop)]
+
+
+def run_read(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    return [runtime.datasets.load(_dataset_name(pfunc), _single_output(pfunc))]
+
+
+def run_write(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    if pfunc.outs_info != (FLAG_TYPE,) or len(pfunc.ins_info) != 1:
+        raise InvalidPFunctionError(f"{WRITE}: expected one input and a {FLAG_TYPE} output")
+    runtime.datasets.write(_dataset_name(pfunc), args[0])
+    return [np.asarray(True)]

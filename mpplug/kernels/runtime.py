@@ -10,6 +10,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from mpplug.kernels.datasets import Datasets
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -78,7 +80,8 @@ class KernelRuntime:
     """One party's kernel-facing state: rank, world size, device and caches.
 
     `device` is None (the default device), a spec such as "cpu:1" or "cuda:0", or a JAX
-    device; kernels resolve it with `resolved_device()`.
+    device; kernels resolve it with `resolved_device()`. `datasets` are what `mp.read` and
+    `mp.write` reach (default: none).
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class KernelRuntime:
         world_size: int = 1,
         device: Any = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        datasets: Datasets | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"expected 0 <= rank < world_size, got rank {rank} of {world_size}")
@@ -97,6 +101,7 @@ class KernelRuntime:
         self.rank = rank
         self.world_size = world_size
         self.device_spec = device
+        self.datasets = datasets if datasets is not None else Datasets(f"rank {rank}")
         self._cache_size = cache_size
         self._caches: dict[str, LRUCache[Any, Any]] = {}
         self._device: Any = None

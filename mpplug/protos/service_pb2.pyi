@@ -218,18 +218,42 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("party", "rank", "world_size", "sessions", "uptime_s")
+    __slots__ = ("party", "rank", "world_size", "sessions", "uptime_s", "datasets")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
     party: str
     rank: int
     world_size: int
     sessions: int
     uptime_s: float
-    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., sessions: _Optional[int] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    datasets: _containers.RepeatedCompositeFieldContainer[Dataset]
+    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., sessions: _Optional[int] = ..., uptime_s: _Optional[float] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ...) -> None: ...
+
+class Dataset(_message.Message):
+    __slots__ = ("name", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: _values_pb2.TensorType
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ...) -> None: ...
+
+class DatasetInfoRequest(_message.Message):
+    __slots__ = ("session", "name")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    name: str
+    def __init__(self, session: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DatasetInfoReply(_message.Message):
+    __slots__ = ("type",)
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    type: _values_pb2.TensorType
+    def __init__(self, type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ...) -> None: ...
 
 class PeerHeader(_message.Message):
     __slots__ = ("exec_id", "op", "src", "dst", "type", "scope")

@@ -91,6 +91,11 @@ class PartyServiceStub:
                 request_serializer=mpplug_dot_protos_dot_service__pb2.StatusRequest.SerializeToString,
                 response_deserializer=mpplug_dot_protos_dot_service__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.DatasetInfo = channel.unary_unary(
+                '/mpplug.PartyService/DatasetInfo',
+                request_serializer=mpplug_dot_protos_dot_service__pb2.DatasetInfoRequest.SerializeToString,
+                response_deserializer=mpplug_dot_protos_dot_service__pb2.DatasetInfoReply.FromString,
+                _registered_method=True)
 
 
 class PartyServiceServicer:
@@ -169,7 +174,15 @@ class PartyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Who this party is and how busy it is.
+        """Who this party is, how busy it is and which datasets it exposes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DatasetInfo(self, request, context):
+        """The dtype and shape of one of this party's datasets (never its data); NOT_FOUND with the
+        names it exposes if it has none by that name.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -232,6 +245,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=mpplug_dot_protos_dot_service__pb2.StatusRequest.FromString,
                     response_serializer=mpplug_dot_protos_dot_service__pb2.StatusReply.SerializeToString,
+            ),
+            'DatasetInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.DatasetInfo,
+                    request_deserializer=mpplug_dot_protos_dot_service__pb2.DatasetInfoRequest.FromString,
+                    response_serializer=mpplug_dot_protos_dot_service__pb2.DatasetInfoReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -533,6 +551,33 @@ class PartyService:
             '/mpplug.PartyService/Status',
             mpplug_dot_protos_dot_service__pb2.StatusRequest.SerializeToString,
             mpplug_dot_protos_dot_service__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DatasetInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mpplug.PartyService/DatasetInfo',
+            mpplug_dot_protos_dot_service__pb2.DatasetInfoRequest.SerializeToString,
+            mpplug_dot_protos_dot_service__pb2.DatasetInfoReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,15 +43,16 @@ import grpc
 import numpy as np
 
 from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.core import TensorType
 from mpplug.core.parties import PartySet
-from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError
+from mpplug.errors import DatasetError, ExecutionAborted, MPPlugError, PartyUnavailableError
 from mpplug.frontend.tracer import Program
 from mpplug.kernels.devices import parse_device_spec
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import keepalive_for, open_channel
 from mpplug.remote.outcomes import reply_error
-from mpplug.remote.rpc import missing_of, raw_stub, rpc_failure
+from mpplug.remote.rpc import missing_of, raw_stub, rpc_failure, status_of
 from mpplug.remote.streaming import (
     encode_chunks,
     fits_one_chunk,
@@ -219,6 +220,17 @@ class Driver(Cluster):
             return receive_tensor(codec.decode_type(header, where), parts, where)
         except grpc.RpcError as exc:
             raise rpc_failure(exc, party, "Fetch") from None
+
+    def _dataset_type(self, rank: int, name: str) -> TensorType:
+        party = self._party_names[rank]
+        request = pb.DatasetInfoRequest(session=self.session, name=name)
+        try:
+            reply = self._stubs[rank].DatasetInfo(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            if missing_of(exc) == "dataset":
+                raise DatasetError(status_of(exc)[1]) from None
+            raise rpc_failure(exc, party, "DatasetInfo") from None
+        return codec.decode_type(reply.type, f"dataset {name!r} of party {party}")
 
     def _release(self, names: list[str], ranks: PartySet) -> None:
         # May run in a GC finalizer on any thread: only queue (deque appends are atomic).

@@ -30,7 +30,8 @@ from mpplug.runtime.communicator import MailboxFull
 from mpplug.runtime.party import UnknownProgramError
 
 MISSING_KEY = "mpplug-missing"
-"""Trailing metadata naming what a NOT_FOUND was about: "session", "program" or "value"."""
+"""Trailing metadata naming what a NOT_FOUND was about: "session", "program", "value" or
+"dataset"."""
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SCOPED_ID = re.compile(r"[A-Za-z0-9_-]{1,64}:[A-Za-z0-9_-]{1,64}")

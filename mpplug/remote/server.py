@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from mpplug.config import ClusterSpec
 from mpplug.errors import ConfigError, MPPlugError
+from mpplug.kernels.datasets import Datasets
 from mpplug.protos import service_pb2
 from mpplug.remote.channels import server_options
 from mpplug.remote.limits import ServerLimits, Slots, StreamWatch
@@ -50,8 +51,8 @@ class PartyServer:
 
     `timeout` bounds sends to peers (plus time for the bytes) and sets keepalive on peer
     channels. A session no call names for `session_idle_timeout` seconds is closed with its
-    values. `limits` caps what callers may hold at once (see ServerLimits). TLS files are read
-    and checked here: a bad one is a ConfigError naming it.
+    values. `limits` caps what callers may hold at once (see ServerLimits). TLS files and the
+    party's data files are read and checked here: a bad one is a ConfigError naming it.
     """
 
     def __init__(
@@ -89,7 +90,10 @@ class PartyServer:
         )
         # Programs are exported for the platform of each party's declared device, cpu by default.
         device = self.party.device or "cpu"
-        self._party = Party(self.rank, spec.world_size, self._comm, device=device)
+        datasets = Datasets(self.party.name, self.party.data, self.party.outputs)
+        self._party = Party(
+            self.rank, spec.world_size, self._comm, device=device, datasets=datasets
+        )
         self._watch = StreamWatch(self.limits.stream_idle_s)
         self._service = PartyServicer(
             spec,

@@ -21,12 +21,21 @@ import numpy as np
 
 from mpplug.config import ClusterSpec
 from mpplug.core import TensorType
+from mpplug.core.serde import tensor_type_to_proto
+from mpplug.errors import DatasetError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.limits import ServerLimits, Slots, StreamWatch
 from mpplug.remote.outcomes import COMPLETED, EXECUTION_ERRORS, failure_reply
 from mpplug.remote.peer import PeerCommunicator
-from mpplug.remote.rpc import BadRequest, check_id, check_name, handle_errors, scoped_id
+from mpplug.remote.rpc import (
+    BadRequest,
+    NotFound,
+    check_id,
+    check_name,
+    handle_errors,
+    scoped_id,
+)
 from mpplug.remote.session import Session, Sessions
 from mpplug.remote.streaming import encode_chunks, read_chunks, receive_joined, receive_tensor
 from mpplug.runtime import codec
@@ -271,4 +280,19 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             world_size=self._party.world_size,
             sessions=len(self._sessions),
             uptime_s=time.monotonic() - self._started,
+            datasets=[
+                pb.Dataset(name=name, type=tensor_type_to_proto(ttype))
+                for name, ttype in sorted(self._party.runtime.datasets.types().items())
+            ],
         )
+
+    @handle_errors
+    def DatasetInfo(
+        self, request: pb.DatasetInfoRequest, context: grpc.ServicerContext
+    ) -> pb.DatasetInfoReply:
+        self._sessions.get(request.session)
+        try:
+            ttype = self._party.runtime.datasets.info(request.name)
+        except DatasetError as exc:
+            raise NotFound("dataset", str(exc)) from None
+        return pb.DatasetInfoReply(type=tensor_type_to_proto(ttype))

@@ -16,6 +16,7 @@ from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import open_channel
 from mpplug.remote.rpc import status_of
 from mpplug.remote.tls import channel_credentials
+from mpplug.runtime.codec import decode_type
 
 UNREACHABLE = "UNREACHABLE"
 
@@ -23,13 +24,16 @@ UNREACHABLE = "UNREACHABLE"
 @dataclass(frozen=True)
 class PartyStatus:
     """What a party said about itself: `health` is a grpc.health.v1 status name
-    ("SERVING", "NOT_SERVING", ...) or "UNREACHABLE"; `sessions` is None when unknown."""
+    ("SERVING", "NOT_SERVING", ...) or "UNREACHABLE"; `sessions` is None when unknown;
+    `datasets` are what programs may read there (metadata only)."""
 
     name: str
     endpoint: str
     health: str
     sessions: int | None
     detail: str
+    datasets: tuple[tuple[str, str], ...] = ()
+    """(name, type such as "f32[3,4]") for each dataset the party exposes."""
 
     @property
     def serving(self) -> bool:
@@ -62,4 +66,8 @@ def query_status(
         f"rank {status.rank} of {status.world_size}, {status.sessions} session(s), "
         f"up {status.uptime_s:.0f}s"
     )
-    return PartyStatus(target.name, target.endpoint, state, status.sessions, detail)
+    datasets = tuple(
+        (d.name, str(decode_type(d.type, f"dataset {d.name!r} of party {target.name}")))
+        for d in status.datasets
+    )
+    return PartyStatus(target.name, target.endpoint, state, status.sessions, detail, datasets)

@@ -45,7 +45,8 @@ class ClusterValue(MPObject):
 class Cluster(ABC):
     """N parties that run programs; values stay at the parties until fetched.
 
-    Subclasses move bytes (`_put`, `_run`, `_fetch`, `_release`, `_close`); this class does
+    Subclasses move bytes (`_put`, `_run`, `_fetch`, `_release`, `_close`) and ask parties
+    about their datasets (`_dataset_type`); this class does
     tracing, program caching, argument checks and handle bookkeeping.
     """
 
@@ -165,6 +166,10 @@ class Cluster(ABC):
     def _release(self, names: list[str], ranks: PartySet) -> None: ...
 
     @abstractmethod
+    def _dataset_type(self, rank: int, name: str) -> TensorType:
+        """The dtype and shape of party `rank`'s dataset `name`, asked of that party."""
+
+    @abstractmethod
     def _close(self) -> None: ...
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -213,6 +218,7 @@ class Cluster(ABC):
                 world_size=self.world_size,
                 party_names=self._party_names,
                 platforms=self.platforms,
+                dataset_type=self._dataset_type,
             )[0]
 
         key = _signature(fn, args)

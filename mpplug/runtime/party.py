@@ -11,6 +11,7 @@ from typing import Any
 from mpplug.core.graph import Graph
 from mpplug.errors import InvalidProgramError
 from mpplug.kernels import KernelRuntime
+from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
 from mpplug.runtime.interpreter import Interpreter
@@ -23,7 +24,8 @@ class UnknownProgramError(InvalidProgramError, LookupError):
 
 
 class Party:
-    """Rank `rank` of `world_size`: program cache, kernel runtime and communicator."""
+    """Rank `rank` of `world_size`: program cache, kernel runtime (with the party's
+    datasets) and communicator."""
 
     def __init__(
         self,
@@ -33,11 +35,12 @@ class Party:
         *,
         device: Any = None,
         program_cache_size: int = DEFAULT_PROGRAM_CACHE,
+        datasets: Datasets | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.communicator = communicator
-        self.runtime = KernelRuntime(rank, world_size, device)
+        self.runtime = KernelRuntime(rank, world_size, device, datasets=datasets)
         self._programs: LRUCache[str, Interpreter] = LRUCache(program_cache_size)
 
     def has_program(self, digest: str) -> bool:
