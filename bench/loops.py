@@ -59,7 +59,9 @@ def loop_rows(cluster: mp.Cluster, name: str) -> list[tuple[str, str, str, str, 
             cluster.fetch(cluster.evaluate(fn, x), party=1)
             samples[fn].append(time.perf_counter() - start)
     per_step = {fn: statistics.median(s) / STEPS for fn, s in samples.items()}
-    ratio = statistics.median(a / b for a, b in zip(samples[looped], samples[unrolled]))
+    ratio = statistics.median(
+        a / b for a, b in zip(samples[looped], samples[unrolled], strict=True)
+    )
     (loop_program, loop_trace), (flat_program, flat_trace) = programs[looped], programs[unrolled]
     return [
         (
