@@ -350,7 +350,7 @@ def _check_format(spec: DatasetSpec, at: str) -> None:
                 else f"only a .csv dataset takes 'dtype', got {spec.dtype!r}"
             )
         )
-    if spec.dtype is not None and spec.dtype not in CSV_DTYPES:
+    if spec.dtype is not None and (not isinstance(spec.dtype, str) or spec.dtype not in CSV_DTYPES):
         raise ConfigError(f"{at}.dtype: expected one of {sorted(CSV_DTYPES)}, got {spec.dtype!r}")
 
 

@@ -93,6 +93,11 @@ class Datasets:
                 f"party {self.party}: {target} exists and its outputs do not allow overwrite"
             )
         array = np.asarray(value)
+        if array.dtype.kind == "V" or array.dtype.name == "bfloat16":
+            raise DatasetError(
+                f"party {self.party}: cannot write {name!r}: a .npy file cannot record "
+                f"{array.dtype.name}; cast it first (to float32, for bfloat16)"
+            )
         handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
         try:
             with os.fdopen(handle, "wb") as out:
