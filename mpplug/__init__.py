@@ -51,9 +51,9 @@ def put(cluster: Cluster, party: int | str, value: Any) -> ClusterValue:
     return cluster.put(party, value)
 
 
-def evaluate(cluster: Cluster, fn: Any, *args: Any) -> Any:
+def evaluate(cluster: Cluster, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run a program on `cluster`; outputs stay at the parties as handles."""
-    return cluster.evaluate(fn, *args)
+    return cluster.evaluate(fn, *args, **kwargs)
 
 
 def fetch(cluster: Cluster, obj: MPObject, party: int | str | None = None) -> Any:

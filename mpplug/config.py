@@ -157,7 +157,8 @@ class ClusterSpec:
 
     @classmethod
     def from_yaml(cls, path: str | Path, *, files_of: Collection[str] | None = None) -> ClusterSpec:
-        """Load and validate a cluster file; relative TLS paths resolve against its folder.
+        """Load and validate a cluster file; relative TLS, data and outputs paths resolve
+        against its folder.
 
         `files_of` names the parties whose TLS files must exist on this host: None (all of
         them) suits one host or a driver beside the certificates; `mpplug serve --party X`

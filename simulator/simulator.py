@@ -54,16 +54,30 @@ class InMemoryCommunicator(Communicator):
 
 
 def _parse_world(world: Any) -> tuple[list[str], list[Any], list[Datasets]]:
-    """Party names, device specs and datasets from a world size or a ClusterSpec (whose
-    data files are checked here, as each party's host checks its own)."""
+    """Party names, device specs and datasets from a world size, names or a ClusterSpec
+    (whose data files are checked here, as each party's host checks its own)."""
     if isinstance(world, int) and not isinstance(world, bool):
         if world < 1:
             raise ValueError(f"expected at least one party, got world size {world}")
-        names = [f"P{i}" for i in range(world)]
-        return names, [None] * world, [Datasets(name) for name in names]
+        world = [f"P{i}" for i in range(world)]
+    if isinstance(world, Sequence) and not isinstance(world, str):
+        names = list(world)
+        if not names or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"expected a non-empty list of party names, got {world!r}")
+        world = ClusterSpec.from_dict(
+            {
+                "parties": [
+                    {"name": n, "endpoint": f"127.0.0.1:{i + 1}"} for i, n in enumerate(names)
+                ]
+            },
+            source="Simulator names",
+        )
     parties = getattr(world, "parties", None)
     if parties is None:
-        raise TypeError(f"expected a world size or a ClusterSpec, got {type(world).__name__}")
+        raise TypeError(
+            f"expected a world size, party names, a ClusterSpec or a cluster file, got "
+            f"{type(world).__name__}"
+        )
     datasets = [Datasets(p.name, p.data, p.outputs) for p in parties]
     return [p.name for p in parties], [p.device for p in parties], datasets
 
@@ -85,15 +99,16 @@ def _devices(mode: Any, declared: list[Any]) -> list[Any]:
 class Simulator(Cluster):
     """A thread-per-party cluster implementing `mpplug.Cluster`.
 
-    `world` is a number of parties, a ClusterSpec or a cluster file (names, devices,
-    datasets and outputs from it; each party's data files are checked at construction).
+    `world` is a number of parties (named P0, P1, ...), a list of party names, a ClusterSpec
+    or a cluster file (names, devices, datasets and outputs from it; each party's data files
+    are checked at construction).
     `devices="auto"` binds party i to local device i modulo the device count. `timeout`
     bounds every receive; one execution may run for `execute_timeout` (default 10 x timeout).
     """
 
     def __init__(
         self,
-        world: int | ClusterSpec | str | Path,
+        world: int | Sequence[str] | ClusterSpec | str | Path,
         *,
         devices: str | Sequence[Any] | None = "auto",
         timeout: float = DEFAULT_TIMEOUT,

@@ -71,7 +71,7 @@ def test_gather_collects_each_rank_in_order(make_cluster):
 
     @mp.function
     def collect():
-        return mp.gather(mp.prank(), 2)
+        return mp.gather(2, mp.prank())
 
     values = cluster.evaluate(collect)
     assert [v.parties for v in values] == [{2}, {2}, {2}]
@@ -153,7 +153,7 @@ def test_sum_of_ranks_at_every_world_size(make_cluster, world_size):
 
     @mp.function
     def total():
-        parts = mp.gather(mp.prank(), 0)
+        parts = mp.gather(0, mp.prank())
         summed = mp.run_jax_at(0, lambda *xs: sum(xs), *parts)
         return mp.bcast(0, summed)
 

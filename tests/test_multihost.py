@@ -186,7 +186,7 @@ class Servers:
 
 @mp.function
 def sum_of_ranks() -> mp.MPObject:
-    at_carol = mp.gather(mp.prank(), "carol")  # alice and bob each send to carol
+    at_carol = mp.gather("carol", mp.prank())  # alice and bob each send to carol
     total = mp.run_jax_at("carol", lambda *ranks: sum(ranks), *at_carol)
     return mp.bcast("carol", total)  # carol sends to alice and bob
 

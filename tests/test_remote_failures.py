@@ -47,7 +47,7 @@ def sleepy_relay(x: mp.MPObject) -> mp.MPObject:
 
 @mp.function
 def rank_sum() -> mp.MPObject:
-    total = mp.run_jax_at(1, lambda *r: sum(r), *mp.gather(mp.prank(), 1))
+    total = mp.run_jax_at(1, lambda *r: sum(r), *mp.gather(1, mp.prank()))
     return mp.bcast(1, total)
 
 

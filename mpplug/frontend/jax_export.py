@@ -6,6 +6,7 @@ Array-like leaves become runtime inputs; every other leaf is baked in as a const
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -25,8 +26,16 @@ except ImportError:  # pragma: no cover - layout of a future JAX
 
 
 def is_array_like(leaf: Any) -> bool:
-    """Leaves with `.shape` and `.dtype` are runtime inputs (arrays, specs, party values)."""
-    return hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+    """Leaves with `.shape` and `.dtype` are runtime inputs (arrays, specs, party values);
+    typed PRNG keys (`jax.random.key`) are not: they are baked in like other constants."""
+    return hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not _is_key(leaf.dtype)
+
+
+def _is_key(dtype: Any) -> bool:
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+    except TypeError:
+        return False
 
 
 @contextlib.contextmanager
@@ -65,8 +74,10 @@ def jax_export(
 
     Returns `(pfunc, in_vars, out_tree)`: `in_vars` are the array-like leaves of
     `(args, kwargs)` in flattening order (the PFunction's inputs), and `out_tree` rebuilds
-    the output pytree from the PFunction's flat outputs. 64-bit input types are kept
-    whether or not the process enabled `jax_enable_x64`; no global config is changed.
+    the output pytree from the PFunction's flat outputs. 64-bit types are kept whether or
+    not the process enabled `jax_enable_x64`, for inputs and for any dtype the function
+    asks for (`jnp.uint64(1)`, `x.astype(jnp.int64)`), where JAX would truncate them; other
+    dtypes default as JAX's do. No global config is changed.
     """
     leaves, in_tree = jax.tree.flatten((args, kwargs))
     dynamic = [i for i, leaf in enumerate(leaves) if is_array_like(leaf)]
@@ -90,12 +101,17 @@ def jax_export(
     x64 = bool(jax.config.read("jax_enable_x64")) or any(t.dtype.is_64bit for t in in_types)
     specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in in_types]
     target = _platforms(fn, platforms)
+    exported = _export(flat_fn, specs, target, x64)
+    if not x64 and exported is None:  # the function asked for a 64-bit type: honour it
+        x64 = True
+        out_trees.clear()
+        exported = _export(flat_fn, specs, target, x64)
+    assert exported is not None
     with _x64_if(x64), _reproducible_locations():
-        exported = jax_export_module.export(jax.jit(flat_fn), platforms=target)(*specs)
         try:
             outs_info = tuple(TensorType(a.dtype, a.shape) for a in exported.out_avals)
         except Exception as exc:
-            raise TraceError(f"{function_name(fn)}: unsupported output: {exc}") from None
+            raise TraceError(f"{function_name(fn)}: unsupported output: {_explain(exc)}") from None
         body = bytes(exported.serialize())
     if not out_trees:
         raise InvalidPFunctionError(f"{function_name(fn)}: export did not trace the function")
@@ -108,6 +124,35 @@ def jax_export(
     }
     pfunc = PFunction(jax_exec.FN_TYPE, function_name(fn), body, tuple(in_types), outs_info, attrs)
     return pfunc, in_vars, out_trees[-1]
+
+
+def _export(
+    flat_fn: Callable[..., Any], specs: list[Any], target: tuple[str, ...] | None, x64: bool
+) -> jax_export_module.Exported | None:
+    """The export of `flat_fn`, or None when, without x64, JAX would truncate a 64-bit dtype
+    the function explicitly asks for (JAX only warns about it)."""
+    with _x64_if(x64), _reproducible_locations(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exported = jax_export_module.export(jax.jit(flat_fn), platforms=target)(*specs)
+    truncated = [w for w in caught if _TRUNCATION in str(w.message)]
+    for w in caught:
+        if w not in truncated:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return None if truncated and not x64 else exported
+
+
+_TRUNCATION = "is not available, and will be truncated"
+"""What JAX's UserWarning says when jax_enable_x64 is off and a 64-bit dtype is asked for."""
+
+
+def _explain(exc: Exception) -> str:
+    text = str(exc)
+    if "key<" in text:
+        text += (
+            "; typed PRNG keys cannot leave a PFunction: return jax.random.key_data(key) "
+            "and rebuild it with jax.random.wrap_key_data(data) where it is used"
+        )
+    return text
 
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")

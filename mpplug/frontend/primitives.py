@@ -3,6 +3,7 @@ and move values between parties (everything is built on `shuffle_static`)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -161,13 +162,17 @@ def prank(parties: Any = None) -> TracedValue:
     return _call(builder, builtin.rank_pfunction(), (), target)[0]
 
 
-def prand(shape: Sequence[int] = (), parties: Any = None) -> TracedValue:
-    """Private uint32 words from each party's cryptographic random source."""
+def prand(
+    shape: int | Sequence[int] = (), parties: Any = None, dtype: Any = "uint32"
+) -> TracedValue:
+    """Private random words from each party's cryptographic source: `shape` an int or a
+    tuple (as in NumPy), `dtype` uint32 (the default) or uint64."""
     builder = current_builder("prand")
     try:
-        pfunc = builtin.random_pfunction(tuple(int(d) for d in shape))
+        dims = (operator.index(shape),) if isinstance(shape, int) else tuple(shape)
+        pfunc = builtin.random_pfunction(tuple(operator.index(d) for d in dims), dtype)
     except (TypeError, ValueError) as exc:
-        raise TraceError(f"mp.prand: bad shape {shape!r}: {exc}") from None
+        raise TraceError(f"mp.prand(shape={shape!r}, dtype={dtype!r}): {exc}") from None
     return _call(builder, pfunc, (), builder.resolve_parties(parties, "mp.prand"))[0]
 
 
@@ -222,41 +227,45 @@ def shuffle_static(x: MPObject | Sequence[MPObject], routing: Mapping[Party, Par
 
     `x` is one party value, or several of one type held by disjoint parties.
     """
-    builder = current_builder("shuffle_static")
+    return _move("mp.shuffle_static", x, routing)
+
+
+def _move(
+    where: str, x: MPObject | Sequence[MPObject], routing: Mapping[Party, Party]
+) -> TracedValue:
+    """The SHUFFLE behind every mover; errors speak as `where`, the user's call."""
+    builder = current_builder(where.removeprefix("mp."))
     operands = [x] if isinstance(x, MPObject) else list(x)
     if not operands:
-        raise TraceError("mp.shuffle_static: expected at least one party value, got none")
-    values = [builder.value(v, f"mp.shuffle_static operand {i}") for i, v in enumerate(operands)]
+        raise TraceError(f"{where}: expected at least one party value, got none")
+    values = [builder.value(v, f"{where} value {i}") for i, v in enumerate(operands)]
     types = {v.type for v in values}
     if len(types) != 1:
-        raise TraceError(
-            f"mp.shuffle_static: operands must share one type, got {sorted(map(str, types))}"
-        )
+        raise TraceError(f"{where}: the values must share one type, got {sorted(map(str, types))}")
     holders: dict[int, TracedValue] = {}
     for i, v in enumerate(values):
         overlap = v.parties & holders.keys()
         if overlap:
             raise TraceError(
-                f"mp.shuffle_static: operand {i} is held by {format_parties(v.parties)}, "
-                f"overlapping another operand at {format_parties(overlap)}"
+                f"{where}: value {i} is held by {format_parties(v.parties)}, overlapping "
+                f"another value at {format_parties(overlap)}"
             )
         holders.update(dict.fromkeys(v.parties, v))
     if not routing:
-        raise TraceError("mp.shuffle_static: routing names no destination")
+        raise TraceError(f"{where}: no destination")
     routes = []
     for dst, src in routing.items():
-        d = builder.resolve_party(dst, "mp.shuffle_static destination")
-        s = builder.resolve_party(src, "mp.shuffle_static source")
+        d = builder.resolve_party(dst, f"{where} destination")
+        s = builder.resolve_party(src, f"{where} source")
         if s not in holders:
             raise TraceError(
-                f"mp.shuffle_static: route {d}<-{s}, but party {s} holds no operand "
-                f"(held by {format_parties(holders)})"
+                f"{where}: party {s} does not hold the value (held by {format_parties(holders)})"
             )
         routes.append((d, s))
     routes.sort()
     dsts = [d for d, _ in routes]
     if len(set(dsts)) != len(dsts):
-        raise TraceError(f"mp.shuffle_static: a destination appears twice in {routes}")
+        raise TraceError(f"{where}: a destination appears twice in {routes}")
     (out,) = builder.add_op(
         OpKind.SHUFFLE, frozenset(dsts), values, (values[0].type,), routes=routes
     )
@@ -265,19 +274,36 @@ def shuffle_static(x: MPObject | Sequence[MPObject], routing: Mapping[Party, Par
 
 def p2p(src: Party, dst: Party, x: MPObject) -> TracedValue:
     """Send `x` from party `src` to party `dst`; the result is held by `dst`."""
-    return shuffle_static(x, {dst: src})
+    where = f"mp.p2p({src!r}, {dst!r}, x)"
+    _check_mover(where, "mp.p2p(src, dst, x)", parties=(src, dst), value=x)
+    return _move(where, x, {dst: src})
 
 
 def bcast(src: Party, x: MPObject, to: Sequence[Party] | None = None) -> TracedValue:
     """Send `x` from `src` to every party in `to` (default: all)."""
+    where = f"mp.bcast({src!r}, x)"
+    _check_mover(where, "mp.bcast(src, x, to=None)", parties=(src,), value=x)
     builder = current_builder("bcast")
-    targets = builder.resolve_parties(to, "mp.bcast")
-    return shuffle_static(x, dict.fromkeys(sorted(targets), src))
+    targets = builder.resolve_parties(to, f"{where} to")
+    return _move(where, x, dict.fromkeys(sorted(targets), src))
 
 
-def gather(x: MPObject, dst: Party) -> list[TracedValue]:
+def _check_mover(where: str, signature: str, *, parties: Sequence[Any], value: Any) -> None:
+    """A party where a value belongs, or the reverse, gets the expected signature named."""
+    if isinstance(value, MPObject) and not any(isinstance(p, MPObject) for p in parties):
+        return
+    got = ", ".join(type(a).__name__ for a in (*parties, value))
+    raise TraceError(
+        f"{where}: expected {signature}, parties (ranks or names) first and the party value "
+        f"last; got ({got})"
+    )
+
+
+def gather(dst: Party, x: MPObject) -> list[TracedValue]:
     """Every holder's value of `x`, delivered to `dst`: a list in rank order."""
-    return [p2p(src, dst, x) for src in sorted(x.parties)]
+    where = f"mp.gather({dst!r}, x)"
+    _check_mover(where, "mp.gather(dst, x)", parties=(dst,), value=x)
+    return [_move(where, x, {dst: src}) for src in sorted(x.parties)]
 
 
 def converge(*xs: MPObject) -> TracedValue:
@@ -286,7 +312,7 @@ def converge(*xs: MPObject) -> TracedValue:
     if not xs:
         raise TraceError("mp.converge: expected at least one party value, got none")
     union = sorted(frozenset().union(*(builder.value(x, "mp.converge").parties for x in xs)))
-    return shuffle_static(list(xs), {p: p for p in union})
+    return _move("mp.converge", list(xs), {p: p for p in union})
 
 
 __all__ = [

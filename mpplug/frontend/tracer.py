@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import operator
 import threading
 import types
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, update_wrapper
 from typing import Any
@@ -45,8 +46,122 @@ class TracedValue(MPObject):
     def __bool__(self) -> bool:
         raise TraceError(
             f"{self!r}: a party value has no truth value while tracing; compute the condition "
-            f"with mp.run_jax and keep branches inside JAX (jnp.where, lax.cond)"
+            f"with mp.run_jax and branch with mp.cond (or jnp.where inside JAX)"
         )
+
+    # Operators: each is an mp.run_jax of the operator at the parties holding both operands.
+    __hash__ = MPObject.__hash__  # identity, as before __eq__ became elementwise
+
+    def __add__(self, other: Any) -> Any:
+        return _apply(operator.add, "+", self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        return _apply(operator.add, "+", other, self)
+
+    def __sub__(self, other: Any) -> Any:
+        return _apply(operator.sub, "-", self, other)
+
+    def __rsub__(self, other: Any) -> Any:
+        return _apply(operator.sub, "-", other, self)
+
+    def __mul__(self, other: Any) -> Any:
+        return _apply(operator.mul, "*", self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        return _apply(operator.mul, "*", other, self)
+
+    def __truediv__(self, other: Any) -> Any:
+        return _apply(operator.truediv, "/", self, other)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        return _apply(operator.truediv, "/", other, self)
+
+    def __floordiv__(self, other: Any) -> Any:
+        return _apply(operator.floordiv, "//", self, other)
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        return _apply(operator.floordiv, "//", other, self)
+
+    def __mod__(self, other: Any) -> Any:
+        return _apply(operator.mod, "%", self, other)
+
+    def __rmod__(self, other: Any) -> Any:
+        return _apply(operator.mod, "%", other, self)
+
+    def __pow__(self, other: Any) -> Any:
+        return _apply(operator.pow, "**", self, other)
+
+    def __rpow__(self, other: Any) -> Any:
+        return _apply(operator.pow, "**", other, self)
+
+    def __matmul__(self, other: Any) -> Any:
+        return _apply(operator.matmul, "@", self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        return _apply(operator.matmul, "@", other, self)
+
+    def __and__(self, other: Any) -> Any:
+        return _apply(operator.and_, "&", self, other)
+
+    def __rand__(self, other: Any) -> Any:
+        return _apply(operator.and_, "&", other, self)
+
+    def __or__(self, other: Any) -> Any:
+        return _apply(operator.or_, "|", self, other)
+
+    def __ror__(self, other: Any) -> Any:
+        return _apply(operator.or_, "|", other, self)
+
+    def __xor__(self, other: Any) -> Any:
+        return _apply(operator.xor, "^", self, other)
+
+    def __rxor__(self, other: Any) -> Any:
+        return _apply(operator.xor, "^", other, self)
+
+    def __lt__(self, other: Any) -> Any:
+        return _apply(operator.lt, "<", self, other)
+
+    def __le__(self, other: Any) -> Any:
+        return _apply(operator.le, "<=", self, other)
+
+    def __gt__(self, other: Any) -> Any:
+        return _apply(operator.gt, ">", self, other)
+
+    def __ge__(self, other: Any) -> Any:
+        return _apply(operator.ge, ">=", self, other)
+
+    def __eq__(self, other: Any) -> Any:
+        return _apply(operator.eq, "==", self, other)
+
+    def __ne__(self, other: Any) -> Any:
+        return _apply(operator.ne, "!=", self, other)
+
+    def __neg__(self) -> Any:
+        return _apply(operator.neg, "-", self)
+
+    def __pos__(self) -> Any:
+        return _apply(operator.pos, "+", self)
+
+    def __abs__(self) -> Any:
+        return _apply(operator.abs, "abs", self)
+
+    def __invert__(self) -> Any:
+        return _apply(operator.invert, "~", self)
+
+
+def _apply(fn: Callable[..., Any], symbol: str, *operands: Any) -> Any:
+    """`fn(*operands)` as an mp.run_jax where the party-value operands are all held."""
+    from mpplug.frontend.primitives import run_jax
+
+    text = (
+        f"{symbol}{operands[0]!r}"
+        if len(operands) == 1
+        else f"{operands[0]!r} {symbol} {operands[1]!r}"
+    )
+    try:
+        return run_jax(fn, *operands)
+    except TraceError as exc:
+        raise TraceError(f"{text}: {exc}") from None
 
 
 class GraphBuilder:
@@ -362,14 +477,16 @@ def trace(
     party_names: Sequence[str] | None = None,
     platforms: Sequence[str] | None = None,
     dataset_type: Callable[[int, str], TensorType] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[Program, list[MPObject]]:
-    """Trace `fn(*args)`: MPObject leaves of `args` become program inputs, other leaves
-    are passed through as static Python values. Returns the Program and the MPObject
-    arguments in input order. `dataset_type(rank, name)` answers `mp.read`'s questions."""
+    """Trace `fn(*args, **kwargs)`: MPObject leaves of the arguments become program inputs
+    (positional ones first, then keywords by name), other leaves are passed through as static
+    Python values. Returns the Program and the MPObject arguments in input order.
+    `dataset_type(rank, name)` answers `mp.read`'s questions."""
     raw = fn.fn if isinstance(fn, MPFunction) else fn
     name = getattr(raw, "__name__", "program")
     builder = GraphBuilder(name, world_size, party_names, platforms, dataset_type=dataset_type)
-    leaves, in_tree = jax.tree.flatten(tuple(args))
+    leaves, in_tree = jax.tree.flatten((tuple(args), dict(kwargs or {})))
     inputs: list[MPObject] = []
     traced_leaves: list[Any] = []
     for leaf in leaves:
@@ -384,7 +501,8 @@ def trace(
         else:
             traced_leaves.append(leaf)
     with tracing(builder):
-        result = raw(*jax.tree.unflatten(in_tree, traced_leaves))
+        call_args, call_kwargs = jax.tree.unflatten(in_tree, traced_leaves)
+        result = raw(*call_args, **call_kwargs)
     paths_leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
     outputs: list[TracedValue] = []
     template: list[Any] = []

@@ -40,8 +40,17 @@ def rank_pfunction() -> PFunction:
     return PFunction(RANK, "rank", b"", (), (RANK_TYPE,))
 
 
-def random_pfunction(shape: Sequence[int]) -> PFunction:
-    return PFunction(RANDOM, "random", b"", (), (TensorType(DType.UINT32, tuple(shape)),))
+RANDOM_DTYPES = (DType.UINT32, DType.UINT64)
+
+
+def random_pfunction(shape: Sequence[int], dtype: Any = DType.UINT32) -> PFunction:
+    """() -> u32 or u64 words of `shape` from the party's cryptographic source."""
+    kind = DType.from_any(dtype)
+    if kind not in RANDOM_DTYPES:
+        raise ValueError(f"expected a dtype among uint32, uint64, got {kind.value}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"expected non-negative dimensions, got {tuple(shape)}")
+    return PFunction(RANDOM, "random", b"", (), (TensorType(kind, tuple(shape)),))
 
 
 def identity_pfunction(types: Sequence[TensorType]) -> PFunction:
@@ -101,12 +110,12 @@ def run_rank(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> l
 
 
 def run_random(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
-    """Uniform uint32 words from the operating system's cryptographic source."""
+    """Uniform uint32 or uint64 words from the operating system's cryptographic source."""
     ttype = _single_output(pfunc)
-    if ttype.dtype != DType.UINT32:
-        raise InvalidPFunctionError(f"{RANDOM}: expected a u32 output, got {ttype}")
+    if ttype.dtype not in RANDOM_DTYPES:
+        raise InvalidPFunctionError(f"{RANDOM}: expected a u32 or u64 output, got {ttype}")
     data = secrets.token_bytes(ttype.nbytes)
-    return [np.frombuffer(data, dtype="<u4").reshape(ttype.shape)]
+    return [np.frombuffer(data, dtype=ttype.dtype.numpy).reshape(ttype.shape)]
 
 
 def run_identity(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:

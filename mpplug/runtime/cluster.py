@@ -94,16 +94,24 @@ class Cluster(ABC):
         self._put(rank, name, array)
         return self._handle(name, TensorType(array.dtype, array.shape), frozenset({rank}))
 
-    def compile(self, fn: Callable[..., Any] | Program, *args: Any) -> Program:
+    def compile(self, fn: Callable[..., Any] | Program, *args: Any, **kwargs: Any) -> Program:
         """Trace `fn` for this cluster (cached by function and argument signature)."""
         if isinstance(fn, Program):
             return fn
-        return self._traced(fn, args)[0]
+        return self._traced(fn, args, kwargs)[0]
 
-    def evaluate(self, fn: Callable[..., Any] | Program, *args: Any) -> Any:
-        """Run a program; returns its outputs as handles (a pytree of ClusterValue)."""
+    def evaluate(self, fn: Callable[..., Any] | Program, *args: Any, **kwargs: Any) -> Any:
+        """Run a program; returns its outputs as handles (a pytree of ClusterValue).
+
+        Arguments, positional or keyword, are pytrees: handles become the program's party
+        values, anything else is a static Python value the program is traced for."""
         self._check_open()
         if isinstance(fn, Program):
+            if kwargs:
+                raise TraceError(
+                    f"a compiled Program takes its party values positionally, got keyword "
+                    f"arguments {sorted(kwargs)}"
+                )
             program = fn
             inputs = list(args)
             if program.world_size != self.world_size:
@@ -113,7 +121,7 @@ class Cluster(ABC):
                 )
             self._check_inputs(program, inputs)
         else:
-            program, inputs = self._traced(fn, args)
+            program, inputs = self._traced(fn, args, kwargs)
         handles = [self._own(x, f"argument {i}") for i, x in enumerate(inputs)]
         out_names = [self._new_name() for _ in program.output_types]
         self._run(program, [h.name for h in handles], out_names)
@@ -205,11 +213,12 @@ class Cluster(ABC):
                 )
 
     def _traced(
-        self, fn: Callable[..., Any], args: tuple[Any, ...]
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Program, list[MPObject]]:
-        """The program for `fn(*args)` (traced once per signature) and its party-value
-        arguments, which are exactly the MPObject leaves of `args`, in order."""
-        inputs = [leaf for leaf in jax.tree.leaves(args) if isinstance(leaf, MPObject)]
+        """The program for `fn(*args, **kwargs)` (traced once per signature) and its
+        party-value arguments, which are exactly the MPObject leaves, in order."""
+        every = (args, kwargs)
+        inputs = [leaf for leaf in jax.tree.leaves(every) if isinstance(leaf, MPObject)]
 
         def traced() -> Program:
             return trace(
@@ -219,14 +228,15 @@ class Cluster(ABC):
                 party_names=self._party_names,
                 platforms=self.platforms,
                 dataset_type=self._dataset_type,
+                kwargs=kwargs,
             )[0]
 
-        key = _signature(fn, args)
+        key = _signature(fn, every)
         program = traced() if key is None else self._programs.get_or_create(key, traced)
         return program, inputs
 
 
-def _signature(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def _signature(fn: Callable[..., Any], args: Any) -> Any:
     """A hashable key for (fn, argument types and placements, static values), or None."""
     leaves, tree = jax.tree.flatten(args)
     parts = tuple((x.type, x.parties) if isinstance(x, MPObject) else static_key(x) for x in leaves)
