@@ -4,6 +4,7 @@ and move values between parties (everything is built on `shuffle_static`)."""
 from __future__ import annotations
 
 import operator
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -81,12 +82,51 @@ def _export(
     signature = tuple(
         leaf.type if isinstance(leaf, MPObject) else static_key(leaf) for leaf in leaves
     )
-    if any(part is None for part in signature) or getattr(type(fn), "__hash__", None) is None:
+    identity = function_key(fn)
+    if any(part is None for part in signature) or identity is None:
         pfunc, out_tree = export()  # a value that cannot be keyed safely: no caching
     else:
-        key = (fn, builder.platforms, tree, signature)
+        key = (identity, builder.platforms, tree, signature)
         pfunc, out_tree = _export_cache.get_or_create(key, export)
     return pfunc, in_vars, out_tree
+
+
+def function_key(fn: Callable[..., Any]) -> Any:
+    """What an export of `fn` depends on besides its arguments, as a cache key: for a plain
+    Python function its code and the values it closes over or reads as globals (so a lambda
+    written once in a loop is exported once, not once per iteration); other callables by
+    identity. None when some such value cannot be keyed safely (then nothing is cached)."""
+    if not isinstance(fn, types.FunctionType):
+        return fn if getattr(type(fn), "__hash__", None) is not None else None
+    parts: list[Any] = [fn.__code__]
+    values = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).items()]
+    values += [cell.cell_contents for cell in fn.__closure__ or ()]
+    scope = fn.__globals__
+    values += [(name, scope[name]) for name in _global_names(fn.__code__) if name in scope]
+    for value in values:
+        key = _value_key(value)
+        if key is None:
+            return None
+        parts.append(key)
+    return tuple(parts)
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    """Names `code` (and code nested in it) may read as globals."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _global_names(const)
+    return sorted(set(names))
+
+
+def _value_key(value: Any) -> Any:
+    if isinstance(value, tuple):
+        keys = [_value_key(v) for v in value]
+        return None if any(k is None for k in keys) else (tuple, *keys)
+    if isinstance(value, types.ModuleType):
+        return (types.ModuleType, value)
+    return static_key(value)
 
 
 def run_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
