@@ -41,24 +41,24 @@ from mpplug.frontend.primitives import (
 )
 from mpplug.frontend.tracer import MPFunction, Program, compile, function
 from mpplug.kernels import KernelRuntime, invoke, kernel
-from mpplug.runtime.cluster import Cluster, ClusterValue
+from mpplug.runtime.cluster import Cluster, ClusterValue, current_cluster
 
 __version__ = "0.1.0"
 
 
-def put(cluster: Cluster, party: int | str, value: Any) -> ClusterValue:
-    """Send a host value to one party of `cluster`."""
-    return cluster.put(party, value)
+def put(party: int | str, value: Any) -> ClusterValue:
+    """Send a host value to one party of the current cluster (`with cluster:`)."""
+    return current_cluster("put").put(party, value)
 
 
-def evaluate(cluster: Cluster, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a program on `cluster`; outputs stay at the parties as handles."""
-    return cluster.evaluate(fn, *args, **kwargs)
+def evaluate(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a program on the current cluster (`with cluster:`); outputs stay at the parties."""
+    return current_cluster("evaluate").evaluate(fn, *args, **kwargs)
 
 
-def fetch(cluster: Cluster, obj: MPObject, party: int | str | None = None) -> Any:
-    """Bring a value back: one entry per party, or one party's value with `party=`."""
-    return cluster.fetch(obj, party)
+def fetch(obj: Any, party: int | str | None = None) -> Any:
+    """Bring values back from the current cluster (`with cluster:`); see `Cluster.fetch`."""
+    return current_cluster("fetch").fetch(obj, party)
 
 
 def __getattr__(name: str) -> Any:

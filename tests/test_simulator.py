@@ -107,9 +107,11 @@ def test_parties_are_named_by_the_cluster_spec():
     spec = ClusterSpec.local(["alice", "bob", "carol"])
     with Simulator(spec) as sim:
         assert sim.parties == ["alice", "bob", "carol"] and sim.world_size == 3
-        x = mp.put(sim, "carol", np.float32(4.0))
-        out = mp.evaluate(sim, mp.function(lambda v: mp.bcast("carol", v, to=["alice"])), x)
-        assert mp.fetch(sim, out) == [np.float32(4.0), None, None]
+        x = mp.put("carol", np.float32(4.0))  # the current cluster: the `with` block's
+        out = mp.evaluate(mp.function(lambda v: mp.bcast("carol", v, to=["alice"])), x)
+        assert mp.fetch(out) == [np.float32(4.0), None, None]
+    with pytest.raises(mp.MPPlugError, match=r"mp.put works on the current cluster"):
+        mp.put("carol", np.float32(4.0))
 
 
 def test_bad_arguments_get_typed_errors():

@@ -130,10 +130,15 @@ def _export(
     flat_fn: Callable[..., Any], specs: list[Any], target: tuple[str, ...] | None, x64: bool
 ) -> jax_export_module.Exported | None:
     """The export of `flat_fn`, or None when, without x64, JAX would truncate a 64-bit dtype
-    the function explicitly asks for (JAX only warns about it)."""
+    the function explicitly asks for (JAX only warns about it) or a constant overflows."""
     with _x64_if(x64), _reproducible_locations(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        exported = jax_export_module.export(jax.jit(flat_fn), platforms=target)(*specs)
+        try:
+            exported = jax_export_module.export(jax.jit(flat_fn), platforms=target)(*specs)
+        except OverflowError:  # a 64-bit constant (jnp.uint64(2**40)) without x64
+            if x64:
+                raise
+            return None
     truncated = [w for w in caught if _TRUNCATION in str(w.message)]
     for w in caught:
         if w not in truncated:

@@ -275,6 +275,12 @@ class GraphBuilder:
             return found
         if isinstance(x, TracedValue):
             raise TraceError(f"{where}: {x!r} belongs to another program being traced")
+        if isinstance(x, MPObject):
+            raise TraceError(
+                f"{where}: {x!r} is a value outside the program (a handle from put or an "
+                f"earlier evaluate, used from the enclosing scope); pass it in as an argument: "
+                f"cluster.evaluate(fn, ..., value) and take it as a parameter of fn"
+            )
         raise TraceError(f"{where}: expected a party value of this program, got {type(x).__name__}")
 
     def _encloses(self, builder: GraphBuilder) -> bool:

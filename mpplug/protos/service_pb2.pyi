@@ -16,14 +16,16 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., parties: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
-    __slots__ = ("party", "rank", "idle_timeout")
+    __slots__ = ("party", "rank", "idle_timeout", "kernels")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     party: str
     rank: int
     idle_timeout: float
-    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., idle_timeout: _Optional[float] = ...) -> None: ...
+    kernels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., idle_timeout: _Optional[float] = ..., kernels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("session",)
@@ -190,6 +192,16 @@ class FetchRequest(_message.Message):
     name: str
     release: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, session: _Optional[str] = ..., name: _Optional[str] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FetchManyRequest(_message.Message):
+    __slots__ = ("session", "names", "release")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    release: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FetchChunk(_message.Message):
     __slots__ = ("type", "data")

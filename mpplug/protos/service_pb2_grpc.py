@@ -81,6 +81,11 @@ class PartyServiceStub:
                 request_serializer=mpplug_dot_protos_dot_service__pb2.FetchRequest.SerializeToString,
                 response_deserializer=mpplug_dot_protos_dot_service__pb2.FetchChunk.FromString,
                 _registered_method=True)
+        self.FetchMany = channel.unary_stream(
+                '/mpplug.PartyService/FetchMany',
+                request_serializer=mpplug_dot_protos_dot_service__pb2.FetchManyRequest.SerializeToString,
+                response_deserializer=mpplug_dot_protos_dot_service__pb2.FetchChunk.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/mpplug.PartyService/Release',
                 request_serializer=mpplug_dot_protos_dot_service__pb2.ReleaseRequest.SerializeToString,
@@ -166,6 +171,14 @@ class PartyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchMany(self, request, context):
+        """Several stored values in one stream, in the order named: each value's first chunk has
+        its type (at most 4096 names).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Forget values; unknown names are ignored. A driver sends at most 4096 names per call.
         """
@@ -234,6 +247,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
             'Fetch': grpc.unary_stream_rpc_method_handler(
                     servicer.Fetch,
                     request_deserializer=mpplug_dot_protos_dot_service__pb2.FetchRequest.FromString,
+                    response_serializer=mpplug_dot_protos_dot_service__pb2.FetchChunk.SerializeToString,
+            ),
+            'FetchMany': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchMany,
+                    request_deserializer=mpplug_dot_protos_dot_service__pb2.FetchManyRequest.FromString,
                     response_serializer=mpplug_dot_protos_dot_service__pb2.FetchChunk.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
@@ -496,6 +514,33 @@ class PartyService:
             target,
             '/mpplug.PartyService/Fetch',
             mpplug_dot_protos_dot_service__pb2.FetchRequest.SerializeToString,
+            mpplug_dot_protos_dot_service__pb2.FetchChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mpplug.PartyService/FetchMany',
+            mpplug_dot_protos_dot_service__pb2.FetchManyRequest.SerializeToString,
             mpplug_dot_protos_dot_service__pb2.FetchChunk.FromString,
             options,
             channel_credentials,

@@ -45,7 +45,13 @@ import numpy as np
 from mpplug.config import ClusterSpec, TLSFiles
 from mpplug.core import TensorType
 from mpplug.core.parties import PartySet
-from mpplug.errors import DatasetError, ExecutionAborted, MPPlugError, PartyUnavailableError
+from mpplug.errors import (
+    DatasetError,
+    ExecutionAborted,
+    MPPlugError,
+    PartyUnavailableError,
+    UnknownKernelError,
+)
 from mpplug.frontend.tracer import Program
 from mpplug.kernels.devices import parse_device_spec
 from mpplug.protos import service_pb2 as pb
@@ -57,6 +63,7 @@ from mpplug.remote.streaming import (
     encode_chunks,
     fits_one_chunk,
     read_chunks,
+    read_tensors,
     receive_tensor,
     transfer_deadline,
 )
@@ -121,6 +128,7 @@ class Driver(Cluster):
         self._streams = [raw_stub(channel, PARTY_SERVICE) for channel in self._channels]
         self._shipped: list[set[str]] = [set() for _ in spec.parties]
         self._participants: dict[str, list[int]] = {}
+        self._kernels: list[frozenset[str]] = [frozenset() for _ in spec.parties]
         self._sizes: dict[str, int] = {}
         self._released: collections.deque[tuple[tuple[str, ...], PartySet]] = collections.deque()
         self._unreleased: list[list[str]] = [[] for _ in spec.parties]
@@ -161,9 +169,28 @@ class Driver(Cluster):
             daemon=True,
         ).start()
 
-    def _fetch_all(self, ranks: list[int], name: str) -> list[np.ndarray[Any, Any]]:
-        calls = [self._pool.submit(self._fetch, rank, name) for rank in ranks]
-        return [call.result() for call in calls]
+    def _fetch_groups(self, wanted: dict[int, list[str]]) -> dict[int, list[np.ndarray[Any, Any]]]:
+        calls = {
+            rank: self._pool.submit(self._fetch_many, rank, names) for rank, names in wanted.items()
+        }
+        return {rank: call.result() for rank, call in calls.items()}
+
+    def _fetch_many(self, rank: int, names: list[str]) -> list[np.ndarray[Any, Any]]:
+        """One party's values in one call (FetchMany), or a plain Fetch for one value."""
+        if len(names) == 1:
+            return [self._fetch(rank, names[0])]
+        self._flush_releases()
+        party = self._party_names[rank]
+        where = f"{len(names)} values fetched from party {party}"
+        request = pb.FetchManyRequest(
+            session=self.session, names=names, release=self._releases_for(rank)
+        )
+        deadline = transfer_deadline(self.timeout, sum(self._sizes.get(n, 0) for n in names))
+        try:
+            chunks = self._streams[rank].FetchMany(request.SerializeToString(), timeout=deadline)
+            return read_tensors(chunks, pb.FetchChunk, len(names), where)
+        except grpc.RpcError as exc:
+            raise rpc_failure(exc, party, "FetchMany") from None
 
     # -- sessions -------------------------------------------------------------------------
     def _open_sessions(self) -> list[float]:
@@ -174,7 +201,9 @@ class Driver(Cluster):
         idle_timeouts = []
         for rank, call in enumerate(calls):
             try:
-                idle_timeouts.append(call.result().idle_timeout)
+                reply = call.result()
+                idle_timeouts.append(reply.idle_timeout)
+                self._kernels[rank] = frozenset(reply.kernels)
             except grpc.RpcError as exc:
                 errors.append(rpc_failure(exc, self._party_names[rank], "OpenSession"))
         if errors:
@@ -286,7 +315,18 @@ class Driver(Cluster):
             sending.result()
 
     def _ship_to(self, program: Program, rank: int) -> None:
-        """Send the program to `rank` and remember it holds it."""
+        """Send the program to `rank` and remember it holds it; refused first if the party
+        lacks a kernel the program calls."""
+        missing = sorted({f.fn_type for f in program.graph.functions} - self._kernels[rank])
+        if missing:
+            party = self._party_names[rank]
+            raise UnknownKernelError(
+                f"party {party} serves no kernel for {', '.join(map(repr, missing))}, which "
+                f"program {program.graph.name!r} calls; install the package that provides it "
+                f"in party {party}'s environment (an entry point in the 'mpplug.kernels' "
+                f"group) and restart the party; a kernel registered with @mp.kernel in the "
+                f"driver's script exists only in the driver's process"
+            )
         data = program.to_bytes()
         header = pb.ProgramHeader(session=self.session, digest=program.digest, size=len(data))
         try:

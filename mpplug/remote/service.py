@@ -23,6 +23,7 @@ from mpplug.config import ClusterSpec
 from mpplug.core import TensorType
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import DatasetError
+from mpplug.kernels.registry import REGISTRY
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.limits import ServerLimits, Slots, StreamWatch
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 MAX_PROGRAM_BYTES = 1 << 30
 """The largest program a party accepts (programs embed their constants)."""
+
+MAX_FETCH_NAMES = 4096
+"""The most values one FetchMany streams."""
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """The longest receive timeout an execution may ask for."""
@@ -96,7 +100,10 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             )
         self._sessions.open(request.session)
         return pb.OpenSessionReply(
-            party=self.name, rank=self._party.rank, idle_timeout=self._sessions.idle_timeout
+            party=self.name,
+            rank=self._party.rank,
+            idle_timeout=self._sessions.idle_timeout,
+            kernels=REGISTRY.fn_types(),
         )
 
     @handle_errors
@@ -267,6 +274,26 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         array = codec.as_host_array(np.asarray(value))
         self._downloads.hold_for(context)
         return self._watch.watch(context, encode_chunks(codec.encode_type(array), array))
+
+    @handle_errors
+    def FetchMany(
+        self, request: pb.FetchManyRequest, context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        if len(request.names) > MAX_FETCH_NAMES:
+            raise BadRequest(
+                f"FetchMany: at most {MAX_FETCH_NAMES} names a call, got {len(request.names)}"
+            )
+        session = self._sessions.get(request.session)
+        session.release(request.release)
+        arrays = [
+            codec.as_host_array(np.asarray(session.get(check_name(name, f"names[{i}]"))))
+            for i, name in enumerate(request.names)
+        ]
+        self._downloads.hold_for(context)
+        stream = (
+            chunk for array in arrays for chunk in encode_chunks(codec.encode_type(array), array)
+        )
+        return self._watch.watch(context, stream)
 
     @handle_errors
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseReply:

@@ -190,3 +190,51 @@ def receive_joined(size: int, parts: Iterable[Any], where: str) -> bytes:
 def receive_tensor(ttype: TensorType, parts: Iterable[Any], where: str) -> np.ndarray[Any, Any]:
     """A tensor of the (already validated) type `ttype` from its streamed bytes."""
     return codec.from_buffer(ttype, receive_bytes(ttype.nbytes, parts, where), where)
+
+
+def read_tensors(
+    messages: Iterator[bytes], chunk_type: type[Message], count: int, where: str
+) -> list[np.ndarray[Any, Any]]:
+    """`count` tensors from one stream of `chunk_type` messages (header: a TensorType), each
+    tensor's first message carrying its type; WireError if the stream says otherwise."""
+    name = chunk_type.DESCRIPTOR.full_name
+    header_type = _header_type(chunk_type)
+    arrays: list[np.ndarray[Any, Any]] = []
+    ttype: TensorType | None = None
+    buffer = np.empty(0, dtype=np.uint8)
+    filled = 0
+    for i, raw in enumerate(messages):
+        head, data = _split(raw, name, f"{where} message {i}")
+        if head is not None:
+            if ttype is not None:
+                arrays.append(_finished(ttype, buffer, filled, f"{where} value {len(arrays)}"))
+            if len(arrays) == count:
+                raise WireError(f"{where}: more than the {count} values asked for")
+            try:
+                msg = header_type.FromString(head.tobytes())
+            except DecodeError as exc:
+                raise WireError(f"{where}: a header does not decode as {name}: {exc}") from None
+            ttype = codec.decode_type(msg, f"{where} value {len(arrays)}")  # type: ignore[arg-type]
+            buffer, filled = np.empty(ttype.nbytes, dtype=np.uint8), 0
+        elif ttype is None:
+            raise WireError(f"{where}: the first message has no header")
+        end = filled + len(data)
+        if end > len(buffer):
+            raise WireError(
+                f"{where} value {len(arrays)}: more than the {len(buffer)} bytes declared"
+            )
+        buffer[filled:end] = np.frombuffer(data, dtype=np.uint8)
+        filled = end
+    if ttype is not None:
+        arrays.append(_finished(ttype, buffer, filled, f"{where} value {len(arrays)}"))
+    if len(arrays) != count:
+        raise WireError(f"{where}: the stream ended after {len(arrays)} of {count} values")
+    return arrays
+
+
+def _finished(
+    ttype: TensorType, buffer: np.ndarray[Any, Any], filled: int, where: str
+) -> np.ndarray[Any, Any]:
+    if filled != len(buffer):
+        raise WireError(f"{where}: the stream ended after {filled} of {len(buffer)} bytes")
+    return codec.from_buffer(ttype, buffer, where)

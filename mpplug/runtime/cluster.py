@@ -6,6 +6,7 @@ It traces and caches programs, names values that stay at the parties, and fetche
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import weakref
 from abc import ABC, abstractmethod
@@ -60,6 +61,7 @@ class Cluster(ABC):
         self._names = itertools.count()
         self._programs: LRUCache[Any, Program] = LRUCache(PROGRAM_CACHE_SIZE)
         self._closed = False
+        self._entered: list[contextvars.Token[tuple[Cluster, ...]]] = []
 
     # -- the public interface -------------------------------------------------------------
     @property
@@ -131,19 +133,40 @@ class Cluster(ABC):
         ]
         return program.unflatten(outs)
 
-    def fetch(self, obj: MPObject, party: int | str | None = None) -> Any:
-        """Values of `obj`: a list with one entry per party (None where not held), or
-        with `party=`, that party's value as a numpy array."""
+    def fetch(self, obj: Any, party: int | str | None = None) -> Any:
+        """Values of `obj`, a handle or any pytree of handles (other leaves come back as
+        they are), in the same structure. Each handle gives a list with one entry per party
+        (None where not held), or with `party=`, that party's value as a numpy array. Each
+        party is asked once, whatever the number of handles."""
         self._check_open()
-        handle = self._own(obj, "fetch")
+        leaves, tree = jax.tree.flatten(obj)
+        handles = {
+            i: self._own(leaf, f"fetch leaf {i}")
+            for i, leaf in enumerate(leaves)
+            if isinstance(leaf, MPObject)
+        }
+        wanted: dict[int, list[str]] = {}
         if party is not None:
             rank = self.rank_of(party)
-            if rank not in handle.parties:
-                raise ValueError(f"party {rank} does not hold {handle!r}")
-            return self._fetch(rank, handle.name)
-        ranks = sorted(handle.parties)
-        found = dict(zip(ranks, self._fetch_all(ranks, handle.name), strict=True))
-        return [found.get(r) for r in range(self.world_size)]
+            for h in handles.values():
+                if rank not in h.parties:
+                    raise ValueError(f"party {rank} does not hold {h!r}")
+                wanted.setdefault(rank, []).append(h.name)
+        else:
+            for h in handles.values():
+                for r in sorted(h.parties):
+                    wanted.setdefault(r, []).append(h.name)
+        got = self._fetch_groups({r: list(dict.fromkeys(names)) for r, names in wanted.items()})
+        found = {r: dict(zip(dict.fromkeys(wanted[r]), got[r], strict=True)) for r in got}
+        out = list(leaves)
+        for i, h in handles.items():
+            if party is not None:
+                out[i] = found[self.rank_of(party)][h.name]
+            else:
+                out[i] = [
+                    found[r][h.name] if r in h.parties else None for r in range(self.world_size)
+                ]
+        return jax.tree.unflatten(tree, out)
 
     def close(self) -> None:
         if not self._closed:
@@ -151,9 +174,13 @@ class Cluster(ABC):
             self._close()
 
     def __enter__(self) -> Cluster:
+        """`with cluster:` makes it the current cluster (for `mp.put`, `mp.evaluate` and
+        `mp.fetch`) until the block ends, then closes it."""
+        self._entered.append(_current.set((*_current.get(), self)))
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _current.reset(self._entered.pop())
         self.close()
 
     # -- what subclasses provide ----------------------------------------------------------
@@ -166,9 +193,9 @@ class Cluster(ABC):
     @abstractmethod
     def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]: ...
 
-    def _fetch_all(self, ranks: list[int], name: str) -> list[np.ndarray[Any, Any]]:
-        """Fetch from several parties; subclasses may fan out in parallel."""
-        return [self._fetch(r, name) for r in ranks]
+    def _fetch_groups(self, wanted: dict[int, list[str]]) -> dict[int, list[np.ndarray[Any, Any]]]:
+        """The values named, by party; subclasses ask each party once, in parallel."""
+        return {r: [self._fetch(r, name) for name in names] for r, names in wanted.items()}
 
     @abstractmethod
     def _release(self, names: list[str], ranks: PartySet) -> None: ...
@@ -234,6 +261,22 @@ class Cluster(ABC):
         key = _signature(fn, every)
         program = traced() if key is None else self._programs.get_or_create(key, traced)
         return program, inputs
+
+
+_current: contextvars.ContextVar[tuple[Cluster, ...]] = contextvars.ContextVar(
+    "mpplug_clusters", default=()
+)
+
+
+def current_cluster(helper: str) -> Cluster:
+    """The innermost cluster of a `with cluster:` block in this context."""
+    entered = _current.get()
+    if not entered:
+        raise MPPlugError(
+            f"mp.{helper} works on the current cluster, and there is none: call it inside "
+            f"`with mp.Simulator(...) as sim:` (or `with mp.Driver(...)`), or call sim.{helper}"
+        )
+    return entered[-1]
 
 
 def _signature(fn: Callable[..., Any], args: Any) -> Any:
