@@ -161,6 +161,7 @@ def main() -> int:
     for program, what in (
         (chain_of_lambdas, "one lambda written in the loop"),
         (chain_of_closures, "a different constant closed over at each op"),
+        (mp.function(chain_of_closures.fn, fuse=True), "the same, mp.function(fuse=True)"),
     ):
         with Simulator(2) as sim:
             x = sim.put(0, np.ones(4, np.float32))

@@ -202,3 +202,36 @@ def test_the_driver_refuses_a_program_calling_a_kernel_a_party_lacks():
         assert "entry point in the 'mpplug.kernels' group" in message
         assert "Execute" not in counts.calls and "LoadProgram" not in counts.calls
         assert [int(v) for v in driver.fetch(driver.evaluate(mp.function(mp.prank)))] == [0, 1]
+
+
+def _chain(x, y):
+    for i in range(20):
+        x = mp.run_jax(lambda a, k=1.0 + i / 10: a * k + np.float32(0.5), x)
+    moved = mp.p2p(0, 1, x)
+    doubled = mp.fori_loop(0, 3, lambda i, v: mp.run_jax(lambda a: a * 2, v) + 1, moved + y)
+    return doubled, x - 1, mp.cond(mp.bcast(0, x[0] > 0), lambda v: v * 3, lambda v: v, x)
+
+
+def test_fused_programs_compute_what_unfused_ones_do(make_cluster):
+    cluster = make_cluster(2)
+    x = cluster.put(0, np.arange(4, dtype=np.float32))
+    y = cluster.put(1, np.ones(4, np.float32))
+    plain = cluster.fetch(cluster.evaluate(mp.function(_chain), x, y))
+    fused_fn = mp.function(_chain, fuse=True)
+    fused = cluster.fetch(cluster.evaluate(fused_fn, x, y))
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(fused), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    graph = cluster.compile(fused_fn, x, y).graph
+    calls = [op for op in graph.ops if op.kind.name == "CALL"]
+    names = [graph.functions[op.function].fn_name for op in calls]
+    assert names[0] == "fused20"  # the 20 ops at party 0 in one function, before the p2p
+    assert len(graph.functions[calls[0].function].outs_info) == 1  # only the value used later
+
+
+def test_a_fused_call_keeps_placement_errors():
+    def misplaced(x, y):
+        return mp.run_jax_at(1, lambda a: a + 1, x)
+
+    at0 = mp.MPObject(mp.TensorType("float32"), {0})
+    with pytest.raises(TraceError, match=r"held by \{0\}, not by \{1\}; move it first"):
+        mp.compile(mp.function(misplaced, fuse=True), at0, at0, world_size=2)

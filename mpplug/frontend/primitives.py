@@ -41,6 +41,10 @@ def _placed_jax(
     kwargs: dict[str, Any],
 ) -> Any:
     leaves, tree = jax.tree.flatten((args, kwargs))
+    if builder.fuse:
+        return builder.fused(parties).add(
+            builder, fn, _fusable(builder, where, parties, leaves), tree
+        )
     placed = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, MPObject):
@@ -62,6 +66,26 @@ def _placed_jax(
     pfunc, in_vars, out_tree = _export(builder, fn, placed, tree, call_args, call_kwargs)
     outs = _call(builder, pfunc, in_vars, parties)
     return jax.tree.unflatten(out_tree, outs)
+
+
+def _fusable(builder: GraphBuilder, where: str, parties: PartySet, leaves: list[Any]) -> list[Any]:
+    """The leaves of a fused call: party values held at `parties`; host values as they are."""
+    placed = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, MPObject):
+            value = builder.value(leaf, f"{where} argument leaf {i}")
+            if not parties <= value.parties:
+                raise TraceError(
+                    f"{where}: argument leaf {i} ({value.type}) is held by "
+                    f"{format_parties(value.parties)}, not by {format_parties(parties)}; "
+                    f"move it first with mp.p2p or mp.bcast"
+                )
+            placed.append(value)
+        elif is_array_like(leaf) and not hasattr(leaf, "__array__"):
+            raise TraceError(f"{where}: argument leaf {i} ({leaf!r}) is a type, not a value")
+        else:
+            placed.append(leaf)
+    return placed
 
 
 def _export(

@@ -25,13 +25,14 @@ from mpplug.core.graph import Graph, Op, OpKind, Region, ValueRef
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
 from mpplug.errors import InvalidProgramError, TraceError
+from mpplug.frontend.fusion import Segment
 from mpplug.frontend.jax_export import is_array_like
 
 
 class TracedValue(MPObject):
     """A party value inside a program being traced: a reference to one op output."""
 
-    __slots__ = ("builder", "ref")
+    __slots__ = ("__weakref__", "builder", "ref")
 
     def __init__(
         self, builder: GraphBuilder, ref: ValueRef, type: TensorType, parties: PartySet
@@ -148,6 +149,9 @@ class TracedValue(MPObject):
     def __invert__(self) -> Any:
         return _apply(operator.invert, "~", self)
 
+    def __getitem__(self, index: Any) -> Any:
+        return _apply(operator.getitem, "[]", self, index)
+
 
 def _apply(fn: Callable[..., Any], symbol: str, *operands: Any) -> Any:
     """`fn(*operands)` as an mp.run_jax where the party-value operands are all held."""
@@ -179,6 +183,7 @@ class GraphBuilder:
         *,
         parent: GraphBuilder | None = None,
         dataset_type: Callable[[int, str], TensorType] | None = None,
+        fuse: bool = False,
     ) -> None:
         if world_size < 1:
             raise TraceError(f"expected world_size >= 1, got {world_size}")
@@ -194,11 +199,15 @@ class GraphBuilder:
         self.functions: list[PFunction] = parent.functions if parent else []
         self._function_index: dict[PFunction, int] = parent._function_index if parent else {}
         self.ops: list[Op] = []
+        self.fuse: bool = parent.fuse if parent else fuse
+        """Fuse consecutive run_jax calls at one party set into one PFunction (`fusion`)."""
+        self.segment: Segment | None = None
         self.operands: list[TracedValue] = []
         self._captured: dict[tuple[int, ValueRef], TracedValue] = {}
 
     def region(self, name: str) -> GraphBuilder:
         """A builder for a region nested in this one."""
+        self.flush()
         return GraphBuilder(
             f"{self.name}/{name}",
             self.world_size,
@@ -291,7 +300,26 @@ class GraphBuilder:
             outer = outer.parent
         return False
 
-    def add_op(
+    def fused(self, parties: PartySet) -> Segment:
+        """The open segment of fused calls at `parties` (flushing one at other parties)."""
+        if self.segment is not None and self.segment.parties != parties:
+            self.flush()
+        if self.segment is None:
+            self.segment = Segment(len(self.ops), parties)
+        return self.segment
+
+    def flush(self) -> None:
+        """Append the open segment of fused calls, if any, as its CALL op."""
+        segment, self.segment = self.segment, None
+        if segment is not None:
+            segment.flush(self)
+
+    def add_op(self, kind: OpKind, *args: Any, **kwargs: Any) -> list[TracedValue]:
+        """Append an op (after any open segment of fused calls); its output values."""
+        self.flush()
+        return self.append_op(kind, *args, **kwargs)
+
+    def append_op(
         self,
         kind: OpKind,
         parties: PartySet,
@@ -331,9 +359,11 @@ class GraphBuilder:
         ]
 
     def build_region(self, outputs: Sequence[TracedValue]) -> Region:
+        self.flush()
         return Region(tuple(self.ops), tuple(v.ref for v in outputs))
 
     def build(self, outputs: Sequence[TracedValue]) -> Graph:
+        self.flush()
         try:
             return Graph(
                 self.name,
@@ -402,8 +432,9 @@ def current_builder(primitive: str) -> GraphBuilder:
 class MPFunction:
     """A Python function marked as a multi-party program (see `function`)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], *, fuse: bool = False) -> None:
         self.fn = fn
+        self.fuse = fuse
         update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -414,9 +445,18 @@ class MPFunction:
         return f"<mp.function {self.fn.__qualname__}>"
 
 
-def function(fn: Callable[..., Any]) -> MPFunction:
-    """Mark `fn` as a multi-party program; called inside another program it is inlined."""
-    return fn if isinstance(fn, MPFunction) else MPFunction(fn)
+def function(fn: Callable[..., Any] | None = None, *, fuse: bool = False) -> Any:
+    """Mark `fn` as a multi-party program; called inside another program it is inlined.
+
+    With `fuse=True` (as `@mp.function(fuse=True)`), consecutive `mp.run_jax` calls at the
+    same parties are exported and compiled as one PFunction: a long chain of small ops then
+    costs one export and one compile instead of one each.
+    """
+    if fn is None:
+        return lambda f: function(f, fuse=fuse)
+    if isinstance(fn, MPFunction) and fn.fuse == fuse:
+        return fn
+    return MPFunction(fn.fn if isinstance(fn, MPFunction) else fn, fuse=fuse)
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +531,10 @@ def trace(
     `dataset_type(rank, name)` answers `mp.read`'s questions."""
     raw = fn.fn if isinstance(fn, MPFunction) else fn
     name = getattr(raw, "__name__", "program")
-    builder = GraphBuilder(name, world_size, party_names, platforms, dataset_type=dataset_type)
+    fuse = isinstance(fn, MPFunction) and fn.fuse
+    builder = GraphBuilder(
+        name, world_size, party_names, platforms, dataset_type=dataset_type, fuse=fuse
+    )
     leaves, in_tree = jax.tree.flatten((tuple(args), dict(kwargs or {})))
     inputs: list[MPObject] = []
     traced_leaves: list[Any] = []

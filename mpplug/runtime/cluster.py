@@ -285,7 +285,8 @@ def _signature(fn: Callable[..., Any], args: Any) -> Any:
     parts = tuple((x.type, x.parties) if isinstance(x, MPObject) else static_key(x) for x in leaves)
     if any(part is None for part in parts):
         return None
-    return (fn.fn if isinstance(fn, MPFunction) else fn, tree, parts)
+    identity = (fn.fn, fn.fuse) if isinstance(fn, MPFunction) else fn
+    return (identity, tree, parts)
 
 
 def _release_quietly(cluster_ref: weakref.ref[Cluster], name: str, parties: PartySet) -> None:
