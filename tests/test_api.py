@@ -235,3 +235,121 @@ def test_a_fused_call_keeps_placement_errors():
     at0 = mp.MPObject(mp.TensorType("float32"), {0})
     with pytest.raises(TraceError, match=r"held by \{0\}, not by \{1\}; move it first"):
         mp.compile(mp.function(misplaced, fuse=True), at0, at0, world_size=2)
+
+
+SCALE = 2.0
+
+
+def _times_scale(v):
+    return v * SCALE
+
+
+def test_exports_follow_what_a_function_reads():
+    global SCALE
+
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        def __call__(self, v):
+            return v * self.k
+
+    def run(sim, fn, x):
+        return float(sim.fetch(sim.evaluate(mp.function(lambda v: mp.run_jax(fn, v)), x), 0))
+
+    with mp.Simulator(1) as sim:
+        x = sim.put(0, np.float32(1.0))
+        assert run(sim, lambda v: _times_scale(v), x) == 2.0
+        SCALE = 5.0  # a global read by a function the lambda calls
+        try:
+            assert run(sim, lambda v: _times_scale(v), x) == 5.0
+        finally:
+            SCALE = 2.0
+        scaler = Scaler(3.0)
+        assert run(sim, scaler, x) == 3.0
+        scaler.k = 7.0  # a callable object is never cached
+        assert run(sim, scaler, x) == 7.0
+        zeros = map(np.float32, (0.0, -0.0))
+        signs = [run(sim, lambda v, z=z: 1.0 / (z * (v * 0 + 1)), x) for z in zeros]
+        assert signs == [np.inf, -np.inf]  # np.float32 0.0 and -0.0 are different constants
+
+
+def test_fused_calls_are_frozen_when_made():
+    def program(x, y):
+        total = x
+        for i in range(3):
+            total = mp.run_jax(lambda v: v + i, total)  # noqa: B023 (i as it is now)
+        host = np.ones(1, np.float32)
+        shifted = mp.run_jax(lambda v, h: v + h, total, host)
+        host[:] = 100  # too late to matter
+        inside = mp.cond(
+            mp.bcast(0, y > 0),
+            lambda v: mp.run_jax(lambda a, b: a * b, v, x),  # x captured into the branch
+            lambda v: v,
+            shifted,
+        )
+        return mp.fori_loop(0, 2, lambda i, v: mp.run_jax(lambda a, b: a + b, v, x), inside)
+
+    with mp.Simulator(2) as sim:
+        x, y = sim.put(0, np.float32([2.0])), sim.put(0, np.float32(1.0))
+        plain = sim.fetch(sim.evaluate(mp.function(program), x, y), party=0)
+        fused = sim.fetch(sim.evaluate(mp.function(program, fuse=True), x, y), party=0)
+        assert plain.tolist() == fused.tolist() == [((2 + 3 + 1) * 2) + 4]
+
+
+def test_mpc_in_a_fused_program():
+    @mp.function(fuse=True)
+    def product(a, b):
+        sa, sb = mp.mpc.seal((a, b))
+        return mp.mpc.reveal(mp.mpc.run(lambda u, v: u * v + 1, sa, sb), to=0)
+
+    with mp.Simulator(3) as sim:
+        out = sim.evaluate(product, sim.put(0, np.float32([1, 2])), sim.put(1, np.float32([3, 4])))
+        np.testing.assert_allclose(sim.fetch(out, party=0), [4, 9], atol=1e-3)
+
+
+def test_traced_values_iterate_and_defer_to_numpy():
+    @mp.function
+    def program(x):
+        first, *rest = x
+        with pytest.raises(TraceError, match="`in` needs a truth value"):
+            _ = 1.0 in x
+        return first, rest, np.ones(3, np.float32) + x, len(x)
+
+    with mp.Simulator(1) as sim:
+        first, rest, summed, size = sim.evaluate(program, sim.put(0, np.float32([1, 2, 3])))
+        assert sim.fetch(first, 0) == 1 and [sim.fetch(r, 0) for r in rest] == [2, 3]
+        assert sim.fetch(summed, 0).tolist() == [2, 3, 4] and size == 3
+
+
+def test_threads_share_a_cluster_in_with_blocks():
+    import threading
+
+    errors = []
+    sim = mp.Simulator(1)
+    barrier = threading.Barrier(2)
+
+    def work():
+        try:
+            with sim:
+                barrier.wait()
+                assert mp.fetch(mp.put(0, np.int32(3)), party=0) == 3
+                barrier.wait()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with pytest.raises(MPPlugError, match=r"there is none"):
+        mp.put(0, 1)
+
+
+def test_prand_shapes_like_numpy():
+    with mp.Simulator(1) as sim:
+        assert sim.evaluate(mp.function(lambda: mp.prand(np.int64(2)))).type.shape == (2,)
+        with pytest.raises(TraceError, match="a bool is not a shape"):
+            sim.evaluate(mp.function(lambda: mp.prand(True)))

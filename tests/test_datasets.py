@@ -869,6 +869,8 @@ MEMORY_SCRIPT = textwrap.dedent(
         return mp.run_jax(jnp.sum, mp.read("alice", "big"))
 
     with Simulator(spec) as sim:
+        small = sim.put(0, jnp.ones(4))  # JAX and XLA warm up before measuring
+        sim.fetch(sim.evaluate(mp.function(lambda v: mp.run_jax(jnp.sum, v)), small), party=0)
         before = rss_kib()
         peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = sim.evaluate(total)

@@ -7,6 +7,7 @@ whole when any other op is traced, a region opens, or the program ends.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jax
+from jax.extend.core import jaxpr_as_fun
 
 from mpplug.core import TensorType
 from mpplug.core.graph import OpKind, ValueRef
@@ -24,7 +26,7 @@ from mpplug.frontend.jax_export import function_name, jax_export
 if TYPE_CHECKING:
     from mpplug.frontend.tracer import GraphBuilder, TracedValue
 
-_IN, _OUT, _STATIC = 0, 1, 2
+_IN, _OUT = 0, 1
 
 
 @dataclass
@@ -35,9 +37,9 @@ class Segment:
     op_id: int
     parties: PartySet
     inputs: list[TracedValue] = field(default_factory=list)
-    steps: list[tuple[Callable[..., Any], Any, list[tuple[int, Any]], int]] = field(
-        default_factory=list
-    )
+    steps: list[tuple[Any, list[tuple[int, int]]]] = field(default_factory=list)
+    """Each call: its closed jaxpr and where each of its inputs comes from."""
+    x64: bool = False
     types: list[TensorType] = field(default_factory=list)
     produced: list[weakref.ref[TracedValue]] = field(default_factory=list)
     _input_index: dict[ValueRef, int] = field(default_factory=dict)
@@ -45,33 +47,37 @@ class Segment:
     def add(
         self, builder: GraphBuilder, fn: Callable[..., Any], leaves: list[Any], tree: Any
     ) -> Any:
-        """Record `fn` on `leaves` (party values, or host values baked in); its outputs."""
+        """Record `fn` on `leaves` (party values, or host values baked in); its outputs.
+
+        The call is traced now, to a jaxpr with its constants and dtypes, so later changes
+        (a loop variable, an array changed in place, the x64 setting) cannot reach it."""
         from mpplug.frontend.tracer import TracedValue
 
-        spec: list[tuple[int, Any]] = []
+        sources: list[tuple[int, int]] = []
         avals = []
-        for leaf in leaves:
-            if isinstance(leaf, TracedValue):
-                if leaf.ref.op == self.op_id:
-                    spec.append((_OUT, leaf.ref.index))
-                else:
-                    index = self._input_index.setdefault(leaf.ref, len(self.inputs))
-                    if index == len(self.inputs):
-                        self.inputs.append(leaf)
-                    spec.append((_IN, index))
-                avals.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype.numpy))
+        static = list(leaves)
+        dynamic = []
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, TracedValue):
+                continue
+            dynamic.append(i)
+            if leaf.ref.op == self.op_id:
+                sources.append((_OUT, leaf.ref.index))
             else:
-                spec.append((_STATIC, leaf))
-        dynamic = [i for i, (kind, _) in enumerate(spec) if kind != _STATIC]
+                index = self._input_index.setdefault(leaf.ref, len(self.inputs))
+                if index == len(self.inputs):
+                    self.inputs.append(leaf)
+                sources.append((_IN, index))
+            avals.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype.numpy))
 
         def call(*values: Any) -> Any:
-            full = [value for _, value in spec]
+            full = list(static)
             for i, value in zip(dynamic, values, strict=True):
                 full[i] = value
             args, kwargs = jax.tree.unflatten(tree, full)
             return fn(*args, **kwargs)
 
-        out = _shapes(call, avals, function_name(fn))
+        closed, out, x64 = _frozen(call, avals, function_name(fn))
         out_leaves, out_tree = jax.tree.flatten(out)
         try:
             types = [TensorType(o.dtype, o.shape) for o in out_leaves]
@@ -79,7 +85,8 @@ class Segment:
             raise TraceError(f"{function_name(fn)}: unsupported output: {exc}") from None
         first = len(self.types)
         self.types += types
-        self.steps.append((fn, tree, spec, len(types)))
+        self.steps.append((closed, sources))
+        self.x64 = self.x64 or x64
         values = [
             TracedValue(builder, ValueRef(self.op_id, first + k), t, self.parties)
             for k, t in enumerate(types)
@@ -96,14 +103,14 @@ class Segment:
 
         def fused(*inputs: Any) -> tuple[Any, ...]:
             outs: list[Any] = []
-            for fn, tree, spec, _ in steps:
-                full = [inputs[v] if k == _IN else outs[v] if k == _OUT else v for k, v in spec]
-                args, kwargs = jax.tree.unflatten(tree, full)
-                outs += jax.tree.leaves(fn(*args, **kwargs))
+            for closed, sources in steps:
+                values = [inputs[v] if kind == _IN else outs[v] for kind, v in sources]
+                outs += jaxpr_as_fun(closed)(*values)
             return tuple(outs[k] for k in kept)
 
         fused.__name__ = fused.__qualname__ = f"fused{len(steps)}"
-        pfunc, _, _ = jax_export(fused, *self.inputs, platforms=builder.platforms)
+        with jax.enable_x64(True) if self.x64 else contextlib.nullcontext():
+            pfunc, _, _ = jax_export(fused, *self.inputs, platforms=builder.platforms)
         expected = tuple(self.types[k] for k in kept)
         if pfunc.outs_info != expected:
             raise TraceError(
@@ -118,19 +125,20 @@ class Segment:
         builder.append_op(OpKind.CALL, self.parties, self.inputs, pfunc.outs_info, function=pfunc)
 
 
-def _shapes(call: Callable[..., Any], avals: list[Any], name: str) -> Any:
-    """`jax.eval_shape`, with 64-bit types kept as `jax_export` keeps them."""
+def _frozen(call: Callable[..., Any], avals: list[Any], name: str) -> tuple[Any, Any, bool]:
+    """`call` traced to a closed jaxpr, its output shapes, and whether it needs x64, with
+    64-bit types kept as `jax_export` keeps them."""
     x64 = bool(jax.config.read("jax_enable_x64")) or any(a.dtype.itemsize == 8 for a in avals)
-    for attempt_x64 in (x64, True):
+    for attempt in (x64, True):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                with jax.enable_x64(attempt_x64):
-                    out = jax.eval_shape(call, *avals)
+                with jax.enable_x64(attempt):
+                    closed, out = jax.make_jaxpr(call, return_shape=True)(*avals)
             except OverflowError:
-                if attempt_x64:
+                if attempt:
                     raise
                 continue
-        if attempt_x64 or not any("will be truncated" in str(w.message) for w in caught):
-            return out
+        if attempt or not any("will be truncated" in str(w.message) for w in caught):
+            return closed, out, attempt
     raise TraceError(f"{name}: could not determine its output types")  # pragma: no cover

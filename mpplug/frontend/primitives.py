@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from mpplug.config import DATASET_NAME
 from mpplug.core import PFunction, TensorType
@@ -41,10 +42,9 @@ def _placed_jax(
     kwargs: dict[str, Any],
 ) -> Any:
     leaves, tree = jax.tree.flatten((args, kwargs))
-    if builder.fuse:
-        return builder.fused(parties).add(
-            builder, fn, _fusable(builder, where, parties, leaves), tree
-        )
+    if builder.fuse:  # leaves first: a captured value may add a parameter (and flush)
+        fusable = _fusable(builder, where, parties, leaves)
+        return builder.fused(parties).add(builder, fn, fusable, tree)
     placed = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, MPObject):
@@ -70,7 +70,7 @@ def _placed_jax(
 
 def _fusable(builder: GraphBuilder, where: str, parties: PartySet, leaves: list[Any]) -> list[Any]:
     """The leaves of a fused call: party values held at `parties`; host values as they are."""
-    placed = []
+    placed: list[Any] = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, MPObject):
             value = builder.value(leaf, f"{where} argument leaf {i}")
@@ -83,6 +83,8 @@ def _fusable(builder: GraphBuilder, where: str, parties: PartySet, leaves: list[
             placed.append(value)
         elif is_array_like(leaf) and not hasattr(leaf, "__array__"):
             raise TraceError(f"{where}: argument leaf {i} ({leaf!r}) is a type, not a value")
+        elif isinstance(leaf, np.ndarray):
+            placed.append(leaf.copy())  # as it is now: the caller may change it later
         else:
             placed.append(leaf)
     return placed
@@ -115,24 +117,40 @@ def _export(
     return pfunc, in_vars, out_tree
 
 
-def function_key(fn: Callable[..., Any]) -> Any:
+def function_key(fn: Callable[..., Any], seen: frozenset[int] = frozenset()) -> Any:
     """What an export of `fn` depends on besides its arguments, as a cache key: for a plain
-    Python function its code and the values it closes over or reads as globals (so a lambda
-    written once in a loop is exported once, not once per iteration); other callables by
-    identity. None when some such value cannot be keyed safely (then nothing is cached)."""
+    Python function its code and the values it closes over, its defaults and the globals its
+    code names, functions among them keyed the same way (so a lambda written once in a loop
+    is exported once, not once per iteration); builtins, ufuncs and jitted functions by
+    identity. None when some such value cannot be keyed safely (a mutable object, a callable
+    instance, a bound method): then nothing is cached."""
     if not isinstance(fn, types.FunctionType):
-        return fn if getattr(type(fn), "__hash__", None) is not None else None
+        fixed = types.BuiltinFunctionType | np.ufunc | type(jax.jit(abs))
+        return (type(fn), fn) if isinstance(fn, fixed) else None
+    if id(fn) in seen:
+        return ("recursive", fn.__code__)
+    inner = seen | {id(fn)}
     parts: list[Any] = [fn.__code__]
-    values = [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).items()]
-    values += [cell.cell_contents for cell in fn.__closure__ or ()]
+    values = [*(fn.__defaults__ or ()), *sorted((fn.__kwdefaults__ or {}).items())]
+    values += [_cell(cell) for cell in fn.__closure__ or ()]
     scope = fn.__globals__
     values += [(name, scope[name]) for name in _global_names(fn.__code__) if name in scope]
     for value in values:
-        key = _value_key(value)
+        key = _value_key(value, inner)
         if key is None:
             return None
         parts.append(key)
     return tuple(parts)
+
+
+_EMPTY_CELL = ("empty cell",)
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a variable not assigned yet
+        return _EMPTY_CELL
 
 
 def _global_names(code: types.CodeType) -> list[str]:
@@ -144,12 +162,20 @@ def _global_names(code: types.CodeType) -> list[str]:
     return sorted(set(names))
 
 
-def _value_key(value: Any) -> Any:
-    if isinstance(value, tuple):
-        keys = [_value_key(v) for v in value]
-        return None if any(k is None for k in keys) else (tuple, *keys)
+def _value_key(value: Any, seen: frozenset[int]) -> Any:
+    if isinstance(value, tuple | frozenset):
+        keys = [_value_key(v, seen) for v in value]
+        if any(k is None for k in keys):
+            return None
+        return (type(value), tuple(keys) if isinstance(value, tuple) else frozenset(keys))
     if isinstance(value, types.ModuleType):
         return (types.ModuleType, value)
+    if isinstance(value, types.FunctionType):
+        return function_key(value, seen)
+    if value is _EMPTY_CELL:
+        return value
+    if isinstance(value, types.MethodType):
+        return None  # its object may change
     return static_key(value)
 
 
@@ -233,7 +259,14 @@ def prand(
     tuple (as in NumPy), `dtype` uint32 (the default) or uint64."""
     builder = current_builder("prand")
     try:
-        dims = (operator.index(shape),) if isinstance(shape, int) else tuple(shape)
+        if isinstance(shape, bool):
+            raise TypeError("a bool is not a shape")
+        try:
+            dims: tuple[Any, ...] = (operator.index(shape),)  # type: ignore[arg-type]
+        except TypeError:
+            dims = tuple(shape)  # type: ignore[arg-type]
+        if any(isinstance(d, bool) for d in dims):
+            raise TypeError("a bool is not a dimension")
         pfunc = builtin.random_pfunction(tuple(operator.index(d) for d in dims), dtype)
     except (TypeError, ValueError) as exc:
         raise TraceError(f"mp.prand(shape={shape!r}, dtype={dtype!r}): {exc}") from None

@@ -152,11 +152,34 @@ class TracedValue(MPObject):
     def __getitem__(self, index: Any) -> Any:
         return _apply(operator.getitem, "[]", self, index)
 
+    __array_ufunc__ = None  # numpy defers: np_array + x is x.__radd__, a run_jax
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"{self!r}: a scalar party value has no len()")
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self.shape:
+            raise TypeError(f"{self!r}: a scalar party value is not iterable")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __contains__(self, item: Any) -> bool:
+        raise TraceError(
+            f"{self!r}: `in` needs a truth value while tracing; compute it with "
+            f"mp.run_jax(lambda a, v: (a == v).any(), x, v)"
+        )
+
 
 def _apply(fn: Callable[..., Any], symbol: str, *operands: Any) -> Any:
     """`fn(*operands)` as an mp.run_jax where the party-value operands are all held."""
     from mpplug.frontend.primitives import run_jax
 
+    if any(isinstance(o, jax.core.Tracer) for o in operands):
+        raise TraceError(
+            f"{symbol}: a party value was used inside a JAX function; pass it to mp.run_jax "
+            f"as an argument instead (mp.run_jax(lambda a, b: a + b, x, y))"
+        )
     text = (
         f"{symbol}{operands[0]!r}"
         if len(operands) == 1
@@ -392,8 +415,13 @@ def static_key(leaf: Any) -> Any:
         hash(leaf)
     except TypeError:
         return None
+    if isinstance(leaf, np.generic):  # by its bytes: np.float32(0.0) and (-0.0) differ
+        return (kind, leaf.tobytes())
     if isinstance(leaf, float):
         return (kind, leaf, math.copysign(1.0, leaf))
+    if isinstance(leaf, complex):
+        parts = (leaf.real, leaf.imag)
+        return (kind, *parts, *(math.copysign(1.0, p) for p in parts))
     return (kind, leaf)
 
 

@@ -61,7 +61,6 @@ class Cluster(ABC):
         self._names = itertools.count()
         self._programs: LRUCache[Any, Program] = LRUCache(PROGRAM_CACHE_SIZE)
         self._closed = False
-        self._entered: list[contextvars.Token[tuple[Cluster, ...]]] = []
 
     # -- the public interface -------------------------------------------------------------
     @property
@@ -174,14 +173,19 @@ class Cluster(ABC):
             self._close()
 
     def __enter__(self) -> Cluster:
-        """`with cluster:` makes it the current cluster (for `mp.put`, `mp.evaluate` and
-        `mp.fetch`) until the block ends, then closes it."""
-        self._entered.append(_current.set((*_current.get(), self)))
+        """`with cluster:` makes it the current cluster of this thread or task (for `mp.put`,
+        `mp.evaluate` and `mp.fetch`) until the block ends, then closes it."""
+        _current.set((*_current.get(), self))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _current.reset(self._entered.pop())
-        self.close()
+        try:
+            entered = list(_current.get())
+            if self in entered:
+                del entered[len(entered) - 1 - entered[::-1].index(self)]
+                _current.set(tuple(entered))
+        finally:
+            self.close()
 
     # -- what subclasses provide ----------------------------------------------------------
     @abstractmethod
