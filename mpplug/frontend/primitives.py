@@ -42,52 +42,37 @@ def _placed_jax(
     kwargs: dict[str, Any],
 ) -> Any:
     leaves, tree = jax.tree.flatten((args, kwargs))
-    if builder.fuse:  # leaves first: a captured value may add a parameter (and flush)
-        fusable = _fusable(builder, where, parties, leaves)
-        return builder.fused(parties).add(builder, fn, fusable, tree)
-    placed = []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, MPObject):
-            value = builder.value(leaf, f"{where} argument leaf {i}")
-            if not parties <= value.parties:
-                raise TraceError(
-                    f"{where}: argument leaf {i} ({value.type}) is held by "
-                    f"{format_parties(value.parties)}, not by {format_parties(parties)}; "
-                    f"move it first with mp.p2p or mp.bcast"
-                )
-            placed.append(value)
-        elif is_array_like(leaf):
-            if not hasattr(leaf, "__array__"):
-                raise TraceError(f"{where}: argument leaf {i} ({leaf!r}) is a type, not a value")
-            placed.append(constant(leaf, parties=sorted(parties)))
-        else:
-            placed.append(leaf)
+    # leaves first: a value captured from an enclosing scope may add a parameter (and flush)
+    placed = [_leaf(builder, where, parties, i, leaf) for i, leaf in enumerate(leaves)]
+    if builder.fuse:
+        return builder.fused(parties).add(builder, fn, placed, tree)
+    placed = [
+        constant(leaf, parties=sorted(parties)) if isinstance(leaf, np.ndarray) else leaf
+        for leaf in placed
+    ]
     call_args, call_kwargs = jax.tree.unflatten(tree, placed)
     pfunc, in_vars, out_tree = _export(builder, fn, placed, tree, call_args, call_kwargs)
     outs = _call(builder, pfunc, in_vars, parties)
     return jax.tree.unflatten(out_tree, outs)
 
 
-def _fusable(builder: GraphBuilder, where: str, parties: PartySet, leaves: list[Any]) -> list[Any]:
-    """The leaves of a fused call: party values held at `parties`; host values as they are."""
-    placed: list[Any] = []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, MPObject):
-            value = builder.value(leaf, f"{where} argument leaf {i}")
-            if not parties <= value.parties:
-                raise TraceError(
-                    f"{where}: argument leaf {i} ({value.type}) is held by "
-                    f"{format_parties(value.parties)}, not by {format_parties(parties)}; "
-                    f"move it first with mp.p2p or mp.bcast"
-                )
-            placed.append(value)
-        elif is_array_like(leaf) and not hasattr(leaf, "__array__"):
+def _leaf(builder: GraphBuilder, where: str, parties: PartySet, i: int, leaf: Any) -> Any:
+    """Argument leaf `i` of a call at `parties`: a party value held there, a host array as a
+    numpy copy (as it is now), or any other value as it is."""
+    if isinstance(leaf, MPObject):
+        value = builder.value(leaf, f"{where} argument leaf {i}")
+        if not parties <= value.parties:
+            raise TraceError(
+                f"{where}: argument leaf {i} ({value.type}) is held by "
+                f"{format_parties(value.parties)}, not by {format_parties(parties)}; "
+                f"move it first with mp.p2p or mp.bcast"
+            )
+        return value
+    if is_array_like(leaf):
+        if not hasattr(leaf, "__array__"):
             raise TraceError(f"{where}: argument leaf {i} ({leaf!r}) is a type, not a value")
-        elif isinstance(leaf, np.ndarray):
-            placed.append(leaf.copy())  # as it is now: the caller may change it later
-        else:
-            placed.append(leaf)
-    return placed
+        return np.array(leaf)
+    return leaf
 
 
 def _export(
