@@ -258,6 +258,14 @@ def prand(
     return _call(builder, pfunc, (), builder.resolve_parties(parties, "mp.prand"))[0]
 
 
+def _check_name(where: str, name: Any, kind: str, kinds: str) -> None:
+    if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
+        raise TraceError(
+            f"{where}: {kind} name is a letter then up to 63 letters, digits, '_' or '-' "
+            f"(programs name {kinds}, never paths)"
+        )
+
+
 def read(party: Party, name: str, *, type: Any = None) -> TracedValue:
     """Party `party`'s dataset `name`, loaded there (it never passes through the driver).
 
@@ -267,11 +275,7 @@ def read(party: Party, name: str, *, type: Any = None) -> TracedValue:
     builder = current_builder("read")
     where = f"mp.read({party!r}, {name!r})"
     rank = builder.resolve_party(party, where)
-    if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
-        raise TraceError(
-            f"{where}: a dataset name is a letter then up to 63 letters, digits, '_' or '-' "
-            f"(programs name datasets, never paths)"
-        )
+    _check_name(where, name, "a dataset", "datasets")
     if type is not None:
         ttype = type if isinstance(type, TensorType) else TensorType(type.dtype, type.shape)
     elif builder.dataset_type is None:
@@ -290,11 +294,7 @@ def write(party: Party, name: str, value: MPObject) -> TracedValue:
     builder = current_builder("write")
     where = f"mp.write({party!r}, {name!r})"
     rank = builder.resolve_party(party, where)
-    if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
-        raise TraceError(
-            f"{where}: an output name is a letter then up to 63 letters, digits, '_' or '-' "
-            f"(programs name outputs, never paths)"
-        )
+    _check_name(where, name, "an output", "outputs")
     v = builder.value(value, f"{where} value")
     if rank not in v.parties:
         raise TraceError(
