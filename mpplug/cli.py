@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_arg(serve)
     serve.add_argument("--party", required=True, help="the name of the party to run")
-    _timeout_arg(serve)
-    _session_idle_arg(serve)
+    _server_args(serve)
+    # Set by `mpplug up` and LocalParties: the party stops when that process is gone.
+    serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(command=_serve)
 
     up = commands.add_parser(
@@ -91,8 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds to wait for every party to serve (default 120)",
     )
-    _timeout_arg(up)
-    _session_idle_arg(up)
+    _server_args(up)
     up.set_defaults(command=_up)
 
     status = commands.add_parser(
@@ -135,6 +135,27 @@ def _config_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, type=Path, help="the cluster file (YAML)")
 
 
+def _server_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that set up a party server, for `serve` and `up`."""
+    _timeout_arg(parser)
+    _session_idle_arg(parser)
+    parser.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set one server limit, over the cluster file's `limits:` (repeatable; names: "
+        "workers, max_rpcs, sessions, executes, uploads, downloads, peer_streams, "
+        "stream_idle_s, pending_bytes_per_peer, unclaimed_value_s)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow serving without TLS on an address other hosts can reach: any of them "
+        "could then act as the driver or as any party",
+    )
+
+
 def _timeout_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
@@ -174,20 +195,29 @@ def _serve(args: argparse.Namespace) -> int:
         args.party,
         timeout=args.timeout,
         session_idle_timeout=args.session_idle_timeout,
+        limits=args.limit,
+        insecure=args.insecure,
+        parent_pid=args.parent_pid,
     )
 
 
 # -- up ---------------------------------------------------------------------------------------
 def _up(args: argparse.Namespace) -> int:
     from mpplug.remote.launch import LocalParties
+    from mpplug.remote.server import check_exposure
 
     spec = ClusterSpec.from_yaml(args.config)
+    spec.limits.overridden(args.limit, "--limit")  # a bad one stops us before any party starts
+    for name in spec.names:
+        check_exposure(spec, name, insecure=args.insecure)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="mpplug-up-"))
     parties = LocalParties(
         args.config,
         log_dir=log_dir,
         timeout=args.timeout,
         session_idle_timeout=args.session_idle_timeout,
+        limits=args.limit,
+        insecure=args.insecure,
     )
     with _StopSignals() as signals:
         try:

@@ -7,10 +7,11 @@ Loaded from YAML or a dict and validated; every error names the offending field.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 import socket
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ DATASET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _DATASET_KEYS = {"path", "key", "dtype"}
 _OUTPUTS_KEYS = {"path", "overwrite"}
 DATASET_FORMATS = (".npy", ".npz", ".csv")
-_TOP_KEYS = {"parties"}
+_TOP_KEYS = {"parties", "limits"}
 
 
 def split_endpoint(endpoint: Any, where: str) -> tuple[str, int]:
@@ -59,6 +60,16 @@ def split_endpoint(endpoint: Any, where: str) -> tuple[str, int]:
     if not _PORT.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
         raise ConfigError(f"{where}: expected a port in 1..65535, got {endpoint!r}")
     return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, as an endpoint holds it) is this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _is_ipv6(text: str) -> bool:
@@ -102,6 +113,120 @@ class OutputsSpec:
     overwrite: bool = False
 
 
+MIN_FREE_WORKERS = 8
+"""Threads that executions and streams together can never hold: short calls always run."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The limits of one party server, from the cluster file's `limits:` block (the same for
+    every party) or the command line.
+
+    A party serves from a fixed pool of threads. Executions and streaming calls can hold a
+    thread for long, so each kind has its own slots, and together they leave threads free for
+    the short calls (health, Status, Abort, single-message sends): no kind of caller can
+    starve another, and drivers' executions never take the threads peers need.
+
+    - `workers`: threads serving calls; `max_rpcs`: calls at once, queued ones included
+      (gRPC refuses more).
+    - `sessions`: open sessions.
+    - `executes`: Execute calls running at once.
+    - `uploads`: Put and LoadProgram streams at once; `downloads`: Fetch streams at once.
+    - `peer_streams`: Send streams from other parties at once.
+    - `stream_idle_s`: a stream that moves no message for this long is cancelled.
+    - `pending_bytes_per_peer`: bytes one peer's values may take up waiting to be received
+      (one value of any size is let in when none of the peer's wait).
+    - `unclaimed_value_s`: values for an execution that has not started here are dropped
+      this long after the first of them arrives.
+    """
+
+    workers: int = 64
+    max_rpcs: int = 256
+    sessions: int = 1024
+    executes: int = 16
+    uploads: int = 8
+    downloads: int = 8
+    peer_streams: int = 20
+    stream_idle_s: float = 60.0
+    pending_bytes_per_peer: int = 4 << 30
+    unclaimed_value_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        counts = {
+            "workers": self.workers,
+            "max_rpcs": self.max_rpcs,
+            "sessions": self.sessions,
+            "executes": self.executes,
+            "uploads": self.uploads,
+            "downloads": self.downloads,
+            "peer_streams": self.peer_streams,
+            "pending_bytes_per_peer": self.pending_bytes_per_peer,
+        }
+        for name, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ServerLimits.{name}: expected a positive int, got {value!r}")
+        for name, seconds in [
+            ("stream_idle_s", self.stream_idle_s),
+            ("unclaimed_value_s", self.unclaimed_value_s),
+        ]:
+            if not (seconds > 0 and math.isfinite(seconds)):
+                raise ConfigError(f"ServerLimits.{name}: expected seconds > 0, got {seconds!r}")
+        held = self.executes + self.uploads + self.downloads + self.peer_streams
+        if held + MIN_FREE_WORKERS > self.workers:
+            raise ConfigError(
+                f"ServerLimits: executes + uploads + downloads + peer_streams = {held} must "
+                f"leave {MIN_FREE_WORKERS} of the {self.workers} workers free for short calls"
+            )
+        if self.max_rpcs < self.workers:
+            raise ConfigError(
+                f"ServerLimits.max_rpcs: expected at least workers ({self.workers}), "
+                f"got {self.max_rpcs}"
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str) -> ServerLimits:
+        """Limits from `name: value` pairs (the `limits:` block); unnamed ones keep their
+        defaults. ConfigError naming `where` for an unknown name or a value of the wrong kind."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"{where}: expected a mapping of limit names to numbers, got {data!r}"
+            )
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = _unknown(data, set(known))
+        if unknown:
+            raise ConfigError(f"{where}: unknown limit(s) {unknown}; expected {sorted(known)}")
+        for name, value in data.items():
+            number = (int,) if known[name] == "int" else (int, float)
+            if isinstance(value, bool) or not isinstance(value, number):
+                raise ConfigError(f"{where}.{name}: expected {known[name]}, got {value!r}")
+        return cls(**data)
+
+    def overridden(self, assignments: Sequence[str], where: str) -> ServerLimits:
+        """These limits with `NAME=VALUE` assignments (the command line's) applied."""
+        known = {f.name: f.type for f in fields(self)}
+        changes: dict[str, Any] = {}
+        for text in assignments:
+            name, sep, value = text.partition("=")
+            if not sep or name not in known:
+                raise ConfigError(
+                    f"{where}: expected NAME=VALUE with NAME one of {sorted(known)}, got {text!r}"
+                )
+            try:
+                changes[name] = int(value) if known[name] == "int" else float(value)
+            except ValueError:
+                raise ConfigError(f"{where}: {name} expects {known[name]}, got {value!r}") from None
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, int | float]:
+        """The limits that differ from the defaults, as a `limits:` block holds them."""
+        default = ServerLimits()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+
 @dataclass(frozen=True)
 class PartySpec:
     """One party: `endpoint` is what others dial, `listen` what the server binds; `data` and
@@ -126,9 +251,11 @@ class PartySpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """The parties of a cluster in rank order (rank = position in the list)."""
+    """The parties of a cluster in rank order (rank = position in the list), and the limits
+    every party's server applies."""
 
     parties: tuple[PartySpec, ...]
+    limits: ServerLimits = field(default_factory=lambda: ServerLimits())
 
     @property
     def world_size(self) -> int:
@@ -197,7 +324,7 @@ class ClusterSpec:
             raise ConfigError(f"{source}: expected a mapping with a 'parties' list, got {got}")
         unknown = _unknown(data, _TOP_KEYS)
         if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {unknown}; expected only 'parties'")
+            raise ConfigError(f"{source}: unknown key(s) {unknown}; expected {sorted(_TOP_KEYS)}")
         if "parties" not in data:
             raise ConfigError(f"{source}: missing required key 'parties'")
         entries = data["parties"]
@@ -217,7 +344,8 @@ class ClusterSpec:
                 f"{source}.parties: either every party has a tls block or none does; "
                 f"with tls: {with_tls}, without: {without}"
             )
-        return cls(parties)
+        limits = ServerLimits.from_mapping(data.get("limits", {}), f"{source}.limits")
+        return cls(parties, limits)
 
     @classmethod
     def local(
@@ -235,7 +363,11 @@ class ClusterSpec:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"parties": [_as_dict(p) for p in self.parties]}
+        data: dict[str, Any] = {"parties": [_as_dict(p) for p in self.parties]}
+        limits = self.limits.to_dict()
+        if limits:
+            data["limits"] = limits
+        return data
 
 
 def free_port(host: str = "127.0.0.1") -> int:

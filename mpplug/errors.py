@@ -42,6 +42,10 @@ class WireError(MPPlugError, ValueError):
     """A value received over a wire that fails validation."""
 
 
+class WireVersionError(MPPlugError, RuntimeError):
+    """A driver and a party that speak different versions of the wire protocol."""
+
+
 class ConfigError(MPPlugError, ValueError):
     """A cluster configuration that fails validation."""
 

@@ -29,7 +29,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import mpplug
 from mpplug.cli import main
 from mpplug.config import ClusterSpec, free_port
+from mpplug.protos import service_pb2 as pb
+from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.certs import with_tls, write_dev_certs
+from mpplug.remote.rpc import WIRE_VERSION
 
 from .clusters import in_process
 
@@ -383,6 +386,7 @@ def test_up_fails_when_a_party_cannot_listen(tmp_path: Path, spawn: type[Spawned
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        alice = f"127.0.0.1:{free_port()}"
         config = tmp_path / "cluster.yaml"
         config.write_text(
             yaml.safe_dump(
@@ -393,7 +397,11 @@ def test_up_fails_when_a_party_cannot_listen(tmp_path: Path, spawn: type[Spawned
                             "endpoint": f"127.0.0.1:{port}",
                             "listen": f"127.0.0.1:{port}",
                         },
-                        {"name": "alice", "endpoint": f"127.0.0.1:{free_port()}"},
+                        {
+                            "name": "alice",
+                            "endpoint": (alice := f"127.0.0.1:{free_port()}"),
+                            "listen": alice,
+                        },
                     ]
                 }
             )
@@ -403,6 +411,90 @@ def test_up_fails_when_a_party_cannot_listen(tmp_path: Path, spawn: type[Spawned
     assert "mpplug: error: party bob is not running (exit code 2)" in up.output()
     assert "cannot listen on 127.0.0.1:" in up.output()
     assert not server_pids(str(config))
+
+
+def test_up_killed_with_sigkill_leaves_no_party_behind(tmp_path: Path, spawn: type[Spawned]):
+    config = write_cluster(tmp_path, ["alice", "bob"])
+    up, pids = start_up(spawn, config, tmp_path / "logs")
+    assert all(alive(pid) for pid in pids.values())
+    up.process.kill()  # no chance to stop its parties: they must notice by themselves
+    up.process.wait(STOP_S)
+    wait_until(lambda: not any(alive(pid) for pid in pids.values()), STOP_S, "parties gone")
+    assert not server_pids(str(config))
+    log = (tmp_path / "logs" / "alice.log").read_text()
+    assert f"party alice: process {up.process.pid} that started it is gone, stopping" in log
+
+
+def _exposed_cluster(folder: Path) -> tuple[Path, str]:
+    """A 2-party cluster file without TLS whose bob listens on every interface."""
+    bob_port, alice = free_port(), f"127.0.0.1:{free_port()}"
+    parties = [
+        {"name": "alice", "endpoint": alice, "listen": alice},
+        {"name": "bob", "endpoint": f"127.0.0.1:{bob_port}"},  # listen: [::]:PORT
+    ]
+    config = folder / "cluster.yaml"
+    config.write_text(yaml.safe_dump({"parties": parties}))
+    return config, f"127.0.0.1:{bob_port}"
+
+
+def test_serving_beyond_loopback_without_tls_needs_insecure(tmp_path: Path, spawn: type[Spawned]):
+    config, endpoint = _exposed_cluster(tmp_path)
+    refused = run_cli("serve", "--config", config, "--party", "bob")
+    assert refused.returncode == 2
+    assert (
+        "mpplug: error: party bob would listen on [::]:" in refused.stderr
+        and "without TLS, where any host that reaches the port could act as the driver or as "
+        "any party"
+        in refused.stderr
+        and "pass --insecure to accept that" in refused.stderr
+    ), refused.stderr
+    up = run_cli("up", "--config", config, "--log-dir", tmp_path / "logs")
+    assert up.returncode == 2 and "party bob would listen on [::]:" in up.stderr, up.stderr
+    assert not (tmp_path / "logs").exists()  # refused before any party started
+    serve = spawn("serve", "--config", config, "--party", "bob", "--insecure")
+    serve.wait_for(r"party bob \(rank 1 of 2\) serving on \[::\]:")
+    wait_until(lambda: health(endpoint) == "SERVING", READY_S, "bob serving")
+
+
+def _open_sessions(endpoint: str, count: int) -> list[str]:
+    """Open `count` sessions at the party; the status code name of each answer."""
+    codes = []
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = rpc_pb.PartyServiceStub(channel)
+        for i in range(count):
+            try:
+                stub.OpenSession(
+                    pb.OpenSessionRequest(
+                        session=f"s{i}", parties=["alice"], wire_version=WIRE_VERSION
+                    ),
+                    timeout=10.0,
+                )
+                codes.append("OK")
+            except grpc.RpcError as exc:
+                codes.append(exc.code().name)
+                assert "sessions" in exc.details(), exc.details()
+    return codes
+
+
+def test_server_limits_come_from_the_cluster_file_and_the_command_line(
+    tmp_path: Path, spawn: type[Spawned]
+):
+    spec = ClusterSpec.local(["alice"])
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({**spec.to_dict(), "limits": {"sessions": 1}}))
+    endpoint = spec.parties[0].endpoint
+    for options, expected in [
+        ((), ["OK", "RESOURCE_EXHAUSTED"]),
+        (("--limit", "sessions=2"), ["OK", "OK", "RESOURCE_EXHAUSTED"]),
+    ]:
+        serve = spawn("serve", "--config", config, "--party", "alice", *options)
+        serve.wait_for(r"party alice \(rank 0 of 1\) serving on")
+        assert _open_sessions(endpoint, len(expected)) == expected, options
+        serve.process.send_signal(signal.SIGTERM)
+        assert serve.finish() == 0, serve.output()
+    bad = run_cli("serve", "--config", config, "--party", "alice", "--limit", "sessions=many")
+    assert bad.returncode == 2
+    assert "mpplug: error: --limit: sessions expects int, got 'many'" in bad.stderr
 
 
 def test_status_of_parties_that_are_down_exits_1(tmp_path: Path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mpplug as mp
-from mpplug.config import ClusterSpec, PartySpec, TLSFiles, free_port, split_endpoint
+from mpplug.config import ClusterSpec, PartySpec, ServerLimits, TLSFiles, free_port, split_endpoint
 from mpplug.errors import ConfigError, MPPlugError
 
 
@@ -103,7 +103,43 @@ def test_malformed_documents_are_rejected(data: Any, expected: str):
 
 def test_unknown_top_level_keys_are_named():
     message = load_error({**two_parties(), "timeout": 3, 7: "x"})
-    assert message == "cluster: unknown key(s) ['7', 'timeout']; expected only 'parties'"
+    assert message == "cluster: unknown key(s) ['7', 'timeout']; expected ['limits', 'parties']"
+
+
+def test_server_limits_load_from_the_limits_block_and_round_trip():
+    spec = ClusterSpec.from_dict({**two_parties(), "limits": {"sessions": 4, "stream_idle_s": 2}})
+    assert (spec.limits.sessions, spec.limits.stream_idle_s) == (4, 2)
+    assert spec.limits.executes == ServerLimits().executes  # the rest keep their defaults
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    assert "limits" not in ClusterSpec.from_dict(two_parties()).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ({"session": 4}, "cluster.limits: unknown limit(s) ['session']; expected ['downloads', "),
+        ({"sessions": 1.5}, "cluster.limits.sessions: expected int, got 1.5"),
+        ({"stream_idle_s": "2"}, "cluster.limits.stream_idle_s: expected float, got '2'"),
+        ({"sessions": True}, "cluster.limits.sessions: expected int, got True"),
+        ({"sessions": 0}, "ServerLimits.sessions: expected a positive int, got 0"),
+        ([4], "cluster.limits: expected a mapping of limit names to numbers, got [4]"),
+    ],
+)
+def test_bad_server_limits_are_named(limits: Any, expected: str):
+    assert load_error({**two_parties(), "limits": limits}).startswith(expected)
+
+
+def test_command_line_limits_override_the_files():
+    limits = ServerLimits(sessions=4).overridden(["executes=2", "stream_idle_s=0.5"], "--limit")
+    assert (limits.sessions, limits.executes, limits.stream_idle_s) == (4, 2, 0.5)
+    for bad, message in [
+        ("executes", "--limit: expected NAME=VALUE with NAME one of ['downloads', "),
+        ("nope=1", "--limit: expected NAME=VALUE with NAME one of"),
+        ("executes=2.5", "--limit: executes expects int, got '2.5'"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            limits.overridden([bad], "--limit")
+        assert str(info.value).startswith(message)
 
 
 def test_unknown_party_keys_are_named():

@@ -18,12 +18,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mpplug_testkernels import sleep_pfunction
 
 import mpplug as mp
-from mpplug.config import ClusterSpec
+from mpplug.config import ClusterSpec, ServerLimits
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.driver import Driver
-from mpplug.remote.limits import ServerLimits
 from mpplug.remote.streaming import CHUNK_BYTES
 
 from .clusters import in_process

@@ -14,7 +14,7 @@ import pytest
 from mpplug_testkernels import sleep_pfunction
 
 import mpplug as mp
-from mpplug.config import ClusterSpec
+from mpplug.config import ClusterSpec, ServerLimits
 from mpplug.core import DType, TensorType
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import ExecutionAborted
@@ -22,8 +22,7 @@ from mpplug.frontend.tracer import trace
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.driver import Driver
-from mpplug.remote.limits import ServerLimits
-from mpplug.remote.rpc import check_id
+from mpplug.remote.rpc import WIRE_VERSION, check_id
 from mpplug.runtime.communicator import MAX_REASON_CHARS, Key, Mailbox, MailboxFull
 
 from .clusters import in_process
@@ -152,7 +151,10 @@ def p0_of_two() -> Iterator[tuple[ClusterSpec, rpc_pb.PartyServiceStub]]:
         grpc.insecure_channel(spec.parties[0].endpoint) as channel,
     ):
         stub = rpc_pb.PartyServiceStub(channel)
-        stub.OpenSession(pb.OpenSessionRequest(session="s1", parties=spec.names), timeout=5.0)
+        stub.OpenSession(
+            pb.OpenSessionRequest(session="s1", parties=spec.names, wire_version=WIRE_VERSION),
+            timeout=5.0,
+        )
         yield spec, stub
 
 

@@ -29,7 +29,7 @@ from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.protos import values_pb2
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
-from mpplug.remote.rpc import MISSING_KEY
+from mpplug.remote.rpc import MISSING_KEY, WIRE_VERSION
 from mpplug.remote.server import PartyServer
 from mpplug.remote.status import query_status
 from mpplug.remote.streaming import CHUNK_BYTES, MAX_MESSAGE_BYTES
@@ -107,6 +107,18 @@ def test_health_service_reports_serving_for_the_server_and_each_service(channel)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
     unknown = _error(health.Check, health_pb2.HealthCheckRequest(service="nope"), timeout=5.0)
     assert unknown.code() is grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("method", ["Check", "List", "Watch"])
+def test_undecodable_bytes_to_the_health_service_are_invalid_argument(channel, method):
+    path = f"/grpc.health.v1.Health/{method}"
+    call = channel.unary_stream(path) if method == "Watch" else channel.unary_unary(path)
+    with pytest.raises(grpc.RpcError) as info:
+        reply = call(b"\xff\xff\xff\xff\x0f", timeout=5.0)
+        if method == "Watch":
+            next(iter(reply))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not decode as grpc.health.v1." in info.value.details()
 
 
 def test_status_names_the_party_and_counts_open_sessions(parties, stub):
@@ -211,6 +223,34 @@ def test_put_with_a_bad_type_is_invalid_argument(driver, stub, ttype, message):
     assert message in error.details()
 
 
+ABSURD_SHAPES = [
+    ([2**63 - 1], "is 9223372036854775807 bytes, over the limit"),
+    ([2**62, 2**62, 0], "spans over 2^63 bytes"),
+    ([2**63 - 1, 2, 0], "spans over 2^63 bytes"),
+    ([2**40, 2**40, 0, 2**40], "spans over 2^63 bytes"),
+]
+
+
+@pytest.mark.parametrize(("shape", "message"), ABSURD_SHAPES)
+def test_absurd_shapes_are_invalid_argument_in_every_call_that_takes_a_value(
+    driver, channel, stub, shape, message
+):
+    """Checked before any allocation or reshape: nothing reaches numpy."""
+    ttype = values_pb2.TensorType(dtype=values_pb2.UINT8, shape=shape)
+    header = pb.PeerHeader(exec_id="s1:e1", op=1, src=1, dst=0, type=ttype)
+    peer = rpc_pb.PeerServiceStub(channel)
+    for call, request in [
+        (stub.PutSmall, _put(driver.session, "x", ttype, b"")[0]),
+        (stub.Put, iter(_put(driver.session, "x", ttype, b"", b""))),
+        (peer.SendSmall, pb.PeerChunk(header=header)),
+        (peer.Send, iter([pb.PeerChunk(header=header), pb.PeerChunk(data=b"")])),
+    ]:
+        error = _error(call, request, timeout=5.0)
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert message in error.details()
+        assert f"u8[{','.join(map(str, shape))}]" in error.details() or "shape" in error.details()
+
+
 # -- sessions, programs and executions ----------------------------------------------------
 def test_every_call_naming_an_unknown_session_is_not_found(stub):
     calls = [
@@ -233,13 +273,19 @@ def test_every_call_naming_an_unknown_session_is_not_found(stub):
 
 
 def test_opening_a_session_twice_or_for_another_cluster_is_invalid_argument(driver, stub):
-    again = pb.OpenSessionRequest(session=driver.session, parties=["P0", "P1"])
+    again = pb.OpenSessionRequest(
+        session=driver.session, parties=["P0", "P1"], wire_version=WIRE_VERSION
+    )
     assert "already open" in _error(stub.OpenSession, again, timeout=5.0).details()
-    other = pb.OpenSessionRequest(session="fresh", parties=["A", "B", "C"])
+    other = pb.OpenSessionRequest(
+        session="fresh", parties=["A", "B", "C"], wire_version=WIRE_VERSION
+    )
     error = _error(stub.OpenSession, other, timeout=5.0)
     assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "['A', 'B', 'C']" in error.details() and "['P0', 'P1']" in error.details()
-    bad_id = pb.OpenSessionRequest(session="no spaces", parties=["P0", "P1"])
+    bad_id = pb.OpenSessionRequest(
+        session="no spaces", parties=["P0", "P1"], wire_version=WIRE_VERSION
+    )
     assert "session: expected 1-64" in _error(stub.OpenSession, bad_id, timeout=5.0).details()
 
 

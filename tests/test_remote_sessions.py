@@ -16,15 +16,14 @@ import numpy as np
 import pytest
 
 import mpplug as mp
-from mpplug.config import ClusterSpec
+from mpplug.config import ClusterSpec, ServerLimits
 from mpplug.core import DType, TensorType
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote import driver as driver_module
 from mpplug.remote.driver import Driver
-from mpplug.remote.limits import ServerLimits
-from mpplug.remote.rpc import MISSING_KEY
+from mpplug.remote.rpc import MISSING_KEY, WIRE_VERSION
 
 from .clusters import in_process
 
@@ -78,9 +77,13 @@ def fetch_error(stub: rpc_pb.PartyServiceStub, session: str, name: str) -> grpc.
 def test_a_session_no_call_names_is_closed_with_its_values_and_calls_renew_it(spec, stubs):
     with in_process(spec, ["P0"], session_idle_timeout=2.0):
         stub = stubs[0]
-        opened = stub.OpenSession(pb.OpenSessionRequest(session="idle", parties=PARTIES))
+        opened = stub.OpenSession(
+            pb.OpenSessionRequest(session="idle", parties=PARTIES, wire_version=WIRE_VERSION)
+        )
         assert opened.idle_timeout == 2.0
-        stub.OpenSession(pb.OpenSessionRequest(session="busy", parties=PARTIES))
+        stub.OpenSession(
+            pb.OpenSessionRequest(session="busy", parties=PARTIES, wire_version=WIRE_VERSION)
+        )
         put(stub, "idle", "x")
         put(stub, "busy", "x")
         assert sessions(stub) == 2
@@ -120,9 +123,13 @@ def test_sessions_over_the_limit_are_resource_exhausted(spec, stubs):
     limits = ServerLimits(sessions=2)
     with in_process(spec, ["P0"], limits=limits, session_idle_timeout=60.0):
         for session in ("s1", "s2"):
-            stubs[0].OpenSession(pb.OpenSessionRequest(session=session, parties=PARTIES))
+            stubs[0].OpenSession(
+                pb.OpenSessionRequest(session=session, parties=PARTIES, wire_version=WIRE_VERSION)
+            )
         with pytest.raises(grpc.RpcError) as info:
-            stubs[0].OpenSession(pb.OpenSessionRequest(session="s3", parties=PARTIES))
+            stubs[0].OpenSession(
+                pb.OpenSessionRequest(session="s3", parties=PARTIES, wire_version=WIRE_VERSION)
+            )
         assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "has 2 sessions open, its limit" in info.value.details()
         assert "idle ones close after 60s" in info.value.details()

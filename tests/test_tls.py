@@ -9,26 +9,20 @@ import ipaddress
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
-import numpy as np
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import mpplug as mp
-from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.config import ClusterSpec
 from mpplug.core import DType, TensorType
 from mpplug.core.serde import tensor_type_to_proto
-from mpplug.errors import ConfigError, PartyUnavailableError
-from mpplug.protos import service_pb2 as pb
-from mpplug.protos import service_pb2_grpc as rpc_pb
+from mpplug.errors import ConfigError
 from mpplug.remote.certs import with_tls, write_dev_certs
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
 from mpplug.remote.server import PartyServer
 from mpplug.remote.status import query_status
-from mpplug.remote.tls import channel_credentials, driver_tls
 
 from . import test_conformance
 from .clusters import POOL, driver_tls_cluster
@@ -116,56 +110,6 @@ def test_the_driver_needs_a_certificate_when_the_cluster_uses_tls(tmp_path):
 def test_status_and_health_work_over_tls(tls_parties):
     status = query_status(tls_parties.spec, "P1")
     assert status.serving and "rank 1 of 2" in status.detail
-
-
-def _health(endpoint: str, credentials: grpc.ChannelCredentials | None) -> grpc.RpcError | None:
-    channel = (
-        grpc.insecure_channel(endpoint)
-        if credentials is None
-        else grpc.secure_channel(endpoint, credentials)
-    )
-    with channel:
-        try:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5.0)
-        except grpc.RpcError as exc:
-            return exc
-    return None
-
-
-def test_clients_without_a_certificate_from_the_cluster_ca_are_refused(tls_parties, tmp_path):
-    endpoint = tls_parties.spec.parties[0].endpoint
-    ours = tls_parties.spec.parties[1].tls
-    other = write_dev_certs(ClusterSpec.local(1), tmp_path / "other")["P0"]
-    refused = {
-        "plaintext": _health(endpoint, None),
-        "no client certificate": _health(
-            endpoint, grpc.ssl_channel_credentials(ours.ca.read_bytes())
-        ),
-        "certificate from another CA": _health(
-            endpoint, channel_credentials(TLSFiles(ours.ca, other.cert, other.key))
-        ),
-    }
-    for why, error in refused.items():
-        assert error is not None, f"a client with {why} was let in"
-        assert error.code() is grpc.StatusCode.UNAVAILABLE, why
-    assert _health(endpoint, channel_credentials(ours)) is None
-    with pytest.raises(PartyUnavailableError):
-        Driver(tls_parties.config, timeout=5.0, tls=other)
-
-
-def test_a_peer_value_must_come_from_the_party_its_certificate_names(tls_parties):
-    spec = tls_parties.spec
-    header = pb.PeerHeader(exec_id="s1:e1", op=1, src=1, dst=0, type=F32)
-    chunk = pb.PeerChunk(header=header, data=np.float32(1).tobytes())
-    for who, files in [("P0", spec.parties[0].tls), ("driver", driver_tls(spec, None))]:
-        channel = grpc.secure_channel(spec.parties[0].endpoint, channel_credentials(files))
-        with channel, pytest.raises(grpc.RpcError) as info:
-            rpc_pb.PeerServiceStub(channel).SendSmall(chunk, timeout=5.0)
-        assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
-        assert (
-            f"party 0 accepts values only from the other parties ['P1'], but the caller's "
-            f"certificate names '{who}'"
-        ) in info.value.details()
 
 
 def test_bad_pem_files_stop_a_party_or_driver_at_start_naming_the_file(tmp_path):

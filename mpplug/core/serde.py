@@ -18,6 +18,10 @@ from mpplug.protos import values_pb2 as pb
 
 MAX_RANK = 32
 
+MAX_EXTENT_BYTES = 2**63 - 1
+"""The most bytes a declared shape may span, zero-size dimensions counted as 1: numpy (and so
+every kernel) refuses shapes beyond it, even empty ones, so a wire type must stay within it."""
+
 
 def tensor_type_to_proto(t: TensorType) -> pb.TensorType:
     return pb.TensorType(dtype=t.dtype.proto, shape=t.shape)  # type: ignore[arg-type]
@@ -33,6 +37,14 @@ def tensor_type_from_proto(msg: pb.TensorType, where: str) -> TensorType:
         raise ValueError(f"{where}: expected rank <= {MAX_RANK}, got {len(msg.shape)}")
     if any(d < 0 for d in msg.shape):
         raise ValueError(f"{where}: expected non-negative dimensions, got {list(msg.shape)}")
+    extent = dtype.itemsize
+    for dim in msg.shape:
+        extent *= max(dim, 1)
+        if extent > MAX_EXTENT_BYTES:
+            raise ValueError(
+                f"{where}: shape {list(msg.shape)} of {dtype.value} spans over 2^63 bytes "
+                f"(zero-size dimensions counted as 1), over the limit of any array"
+            )
     return TensorType(dtype, tuple(msg.shape))
 
 

@@ -8,24 +8,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session", "parties")
+    __slots__ = ("session", "parties", "wire_version")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     PARTIES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     session: str
     parties: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session: _Optional[str] = ..., parties: _Optional[_Iterable[str]] = ...) -> None: ...
+    wire_version: int
+    def __init__(self, session: _Optional[str] = ..., parties: _Optional[_Iterable[str]] = ..., wire_version: _Optional[int] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
-    __slots__ = ("party", "rank", "idle_timeout", "kernels")
+    __slots__ = ("party", "rank", "idle_timeout", "kernels", "wire_version")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
     party: str
     rank: int
     idle_timeout: float
     kernels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., idle_timeout: _Optional[float] = ..., kernels: _Optional[_Iterable[str]] = ...) -> None: ...
+    wire_version: int
+    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., idle_timeout: _Optional[float] = ..., kernels: _Optional[_Iterable[str]] = ..., wire_version: _Optional[int] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("session",)

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from mpplug.config import ClusterSpec, PartySpec, TLSFiles, split_endpoint
+from mpplug.config import ClusterSpec, PartySpec, TLSFiles, is_loopback, split_endpoint
 from mpplug.errors import ConfigError
 from mpplug.remote.tls import DRIVER_CERT, DRIVER_KEY
 
@@ -67,7 +67,7 @@ def write_dev_certs(spec: ClusterSpec, out_dir: Path) -> dict[str, TLSFiles]:
 
     files: dict[str, TLSFiles] = {}
     hosts_of = {p.name: _hosts(p) for p in spec.parties}
-    if any(_is_loopback(h) for hosts in hosts_of.values() for h in hosts):
+    if any(is_loopback(h) for hosts in hosts_of.values() for h in hosts):
         hosts_of = {name: [*hosts, *_LOOPBACK_NAMES] for name, hosts in hosts_of.items()}
     for name, hosts in [*hosts_of.items(), (DRIVER, list(_LOOPBACK_NAMES))]:
         key = ec.generate_private_key(ec.SECP256R1())
@@ -99,15 +99,6 @@ def _hosts(party: PartySpec) -> list[str]:
     if listen not in _WILDCARDS and listen not in hosts:
         hosts.append(listen)
     return hosts
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _san(hosts: Iterable[str]) -> x509.SubjectAlternativeName:

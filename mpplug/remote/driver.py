@@ -51,6 +51,7 @@ from mpplug.errors import (
     MPPlugError,
     PartyUnavailableError,
     UnknownKernelError,
+    WireVersionError,
 )
 from mpplug.frontend.tracer import Program
 from mpplug.kernels.devices import parse_device_spec
@@ -58,7 +59,14 @@ from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import keepalive_for, open_channel
 from mpplug.remote.outcomes import reply_error
-from mpplug.remote.rpc import missing_of, raw_stub, rpc_failure, status_of
+from mpplug.remote.rpc import (
+    WIRE_VERSION,
+    describe_version,
+    missing_of,
+    raw_stub,
+    rpc_failure,
+    status_of,
+)
 from mpplug.remote.streaming import (
     encode_chunks,
     fits_one_chunk,
@@ -195,17 +203,29 @@ class Driver(Cluster):
     # -- sessions -------------------------------------------------------------------------
     def _open_sessions(self) -> list[float]:
         """Open the session on every party; returns their idle timeouts."""
-        request = pb.OpenSessionRequest(session=self.session, parties=self.spec.names)
+        request = pb.OpenSessionRequest(
+            session=self.session, parties=self.spec.names, wire_version=WIRE_VERSION
+        )
         calls = [stub.OpenSession.future(request, timeout=self.timeout) for stub in self._stubs]
         errors = []
         idle_timeouts = []
         for rank, call in enumerate(calls):
             try:
                 reply = call.result()
-                idle_timeouts.append(reply.idle_timeout)
-                self._kernels[rank] = frozenset(reply.kernels)
             except grpc.RpcError as exc:
                 errors.append(rpc_failure(exc, self._party_names[rank], "OpenSession"))
+                continue
+            if reply.wire_version != WIRE_VERSION:
+                errors.append(
+                    WireVersionError(
+                        f"this driver speaks mpplug wire version {WIRE_VERSION}, but party "
+                        f"{self._party_names[rank]} speaks "
+                        f"{describe_version(reply.wire_version)}; run one mpplug release on "
+                        f"the driver and every party"
+                    )
+                )
+            idle_timeouts.append(reply.idle_timeout)
+            self._kernels[rank] = frozenset(reply.kernels)
         if errors:
             raise errors[0]
         for rank, seconds in enumerate(idle_timeouts):

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -24,9 +24,11 @@ LOG_TAIL_CHARS = 4000
 class LocalParties:
     """`python -m mpplug.remote.server` for each party of `config`, logging to `log_dir`.
 
-    `env` adds to (or overrides) this process's environment for the parties; `timeout` and
-    `session_idle_timeout` are passed to each party (see PartyServer). Used as a context
-    manager, every process is killed on exit, even when the body fails.
+    `env` adds to (or overrides) this process's environment for the parties; `timeout`,
+    `session_idle_timeout`, `limits` (NAME=VALUE) and `insecure` are passed to each party
+    (see `mpplug serve`). Each party stops by itself when this process is gone, even killed
+    with SIGKILL. Used as a context manager, every process is killed on exit, even when the
+    body fails.
     """
 
     def __init__(
@@ -37,6 +39,8 @@ class LocalParties:
         env: Mapping[str, str] | None = None,
         timeout: float = 60.0,
         session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        limits: Sequence[str] = (),
+        insecure: bool = False,
     ) -> None:
         self.config = Path(config)
         self.spec = ClusterSpec.from_yaml(self.config)
@@ -44,6 +48,8 @@ class LocalParties:
         self.env = {**os.environ, **(env or {})}
         self.timeout = timeout
         self.session_idle_timeout = session_idle_timeout
+        self.limits = list(limits)
+        self.insecure = insecure
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, names: Iterable[str] | None = None) -> None:
@@ -54,6 +60,8 @@ class LocalParties:
             command = [sys.executable, "-m", "mpplug.remote.server", "--config", str(self.config)]
             command += ["--party", name, "--timeout", str(self.timeout)]
             command += ["--session-idle-timeout", str(self.session_idle_timeout)]
+            command += [f"--limit={limit}" for limit in self.limits]
+            command += ["--insecure"] * self.insecure + ["--parent-pid", str(os.getpid())]
             with open(self.log_path(name), "ab") as log:
                 self.processes[name] = subprocess.Popen(
                     command, stdout=log, stderr=subprocess.STDOUT, env=self.env

@@ -1,91 +1,19 @@
-"""How much of a party its callers may hold: threads, sessions, executions and streams at once,
-and how long a stream may sit idle. What is over a limit is refused with RESOURCE_EXHAUSTED.
-
-A party serves from a fixed pool of threads. Executions and streaming calls can hold a thread
-for long, so each kind has its own slots, and together they leave threads free for the short
-calls (health, Status, Abort, single-message sends), so no kind of caller can starve another:
-drivers' executions never take the threads peers need to hand them values.
+"""The slots and stream watch that enforce a party's `ServerLimits` (set in mpplug.config): what
+is over a limit is refused with RESOURCE_EXHAUSTED, and streams that stall are cancelled.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 
-from mpplug.errors import ConfigError
 from mpplug.remote.rpc import Exhausted
 
 T = TypeVar("T")
-
-MIN_FREE_WORKERS = 8
-"""Threads that executions and streams together can never hold: short calls always run."""
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """The limits of one party server.
-
-    - `workers`: threads serving calls; `max_rpcs`: calls at once, queued ones included
-      (gRPC refuses more).
-    - `sessions`: open sessions.
-    - `executes`: Execute calls running at once.
-    - `uploads`: Put and LoadProgram streams at once; `downloads`: Fetch streams at once.
-    - `peer_streams`: Send streams from other parties at once.
-    - `stream_idle_s`: a stream that moves no message for this long is cancelled.
-    - `pending_bytes_per_peer`: bytes one peer's values may take up waiting to be received
-      (one value of any size is let in when none of the peer's wait).
-    - `unclaimed_value_s`: values for an execution that has not started here are dropped
-      this long after the first of them arrives.
-    """
-
-    workers: int = 64
-    max_rpcs: int = 256
-    sessions: int = 1024
-    executes: int = 16
-    uploads: int = 8
-    downloads: int = 8
-    peer_streams: int = 20
-    stream_idle_s: float = 60.0
-    pending_bytes_per_peer: int = 4 << 30
-    unclaimed_value_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        counts = {
-            "workers": self.workers,
-            "max_rpcs": self.max_rpcs,
-            "sessions": self.sessions,
-            "executes": self.executes,
-            "uploads": self.uploads,
-            "downloads": self.downloads,
-            "peer_streams": self.peer_streams,
-            "pending_bytes_per_peer": self.pending_bytes_per_peer,
-        }
-        for name, value in counts.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"ServerLimits.{name}: expected a positive int, got {value!r}")
-        for name, seconds in [
-            ("stream_idle_s", self.stream_idle_s),
-            ("unclaimed_value_s", self.unclaimed_value_s),
-        ]:
-            if not (seconds > 0 and math.isfinite(seconds)):
-                raise ConfigError(f"ServerLimits.{name}: expected seconds > 0, got {seconds!r}")
-        held = self.executes + self.uploads + self.downloads + self.peer_streams
-        if held + MIN_FREE_WORKERS > self.workers:
-            raise ConfigError(
-                f"ServerLimits: executes + uploads + downloads + peer_streams = {held} must "
-                f"leave {MIN_FREE_WORKERS} of the {self.workers} workers free for short calls"
-            )
-        if self.max_rpcs < self.workers:
-            raise ConfigError(
-                f"ServerLimits.max_rpcs: expected at least workers ({self.workers}), "
-                f"got {self.max_rpcs}"
-            )
 
 
 class Slots:

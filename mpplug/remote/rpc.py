@@ -1,10 +1,10 @@
 """gRPC plumbing: servicers registered so every bad request gets a clear status, and typed
 errors on the client for the statuses a party answers with.
 
-Servicer methods raise `BadRequest`, `NotFound`, `Forbidden` or `Exhausted`; `handle_errors`
-turns them into INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED and RESOURCE_EXHAUSTED with the
-message. `add_service` decodes requests itself, so bytes that are not the expected message are
-INVALID_ARGUMENT too.
+Servicer methods raise `BadRequest`, `NotFound`, `Forbidden`, `VersionMismatch` or
+`Exhausted`; `handle_errors` turns them into INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
+FAILED_PRECONDITION and RESOURCE_EXHAUSTED with the message. `add_service` decodes requests
+itself, so bytes that are not the expected message are INVALID_ARGUMENT too.
 """
 
 from __future__ import annotations
@@ -25,9 +25,15 @@ from mpplug.errors import (
     MPPlugError,
     PartyUnavailableError,
     WireError,
+    WireVersionError,
 )
 from mpplug.runtime.communicator import MailboxFull
 from mpplug.runtime.party import UnknownProgramError
+
+WIRE_VERSION = 1
+"""The version of the messages drivers and parties exchange, checked both ways when a session
+opens; bump it whenever a message changes meaning, so that sides of different releases refuse
+each other rather than misread each other."""
 
 MISSING_KEY = "mpplug-missing"
 """Trailing metadata naming what a NOT_FOUND was about: "session", "program", "value" or
@@ -54,8 +60,19 @@ class Forbidden(MPPlugError, PermissionError):
     """A caller whose certificate does not allow the request: PERMISSION_DENIED."""
 
 
+class VersionMismatch(MPPlugError):
+    """A caller of another wire version: FAILED_PRECONDITION."""
+
+
 class Exhausted(MPPlugError):
     """A request over one of the party's limits (sessions, busy slots): RESOURCE_EXHAUSTED."""
+
+
+def describe_version(version: int) -> str:
+    """How an error names the wire version the other side sent."""
+    if version == 0:
+        return "no wire version (a release from before wire versions)"
+    return f"wire version {version}"
 
 
 def check_id(value: str, field: str) -> str:
@@ -103,6 +120,8 @@ def handle_errors(method: F) -> F:
             _abort(context, grpc.StatusCode.NOT_FOUND, exc)
         except Forbidden as exc:
             _abort(context, grpc.StatusCode.PERMISSION_DENIED, exc)
+        except VersionMismatch as exc:
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, exc)
         except (Exhausted, MailboxFull) as exc:
             _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, exc)
         except (BadRequest, WireError, InvalidProgramError) as exc:
@@ -124,15 +143,26 @@ _HANDLERS = {
 }
 
 
+Admit = Callable[[grpc.ServicerContext, str], None]
+"""Checks that the caller may call the named method; raises Forbidden if not."""
+
+
 def add_service(
-    server: grpc.Server, servicer: Any, service: ServiceDescriptor, raw: Collection[str] = ()
+    server: grpc.Server,
+    servicer: Any,
+    service: ServiceDescriptor,
+    raw: Collection[str] = (),
+    admit: Admit | None = None,
 ) -> None:
     """Serve `service` with `servicer`'s methods, decoding each request message ourselves;
     methods named in `raw` get the serialized bytes (see streaming.read_chunks), as must
-    every method whose requests stream."""
+    every method whose requests stream. `admit`, if given, vets each caller before anything
+    of its request is read."""
     handlers = {}
     for method in service.methods:
         behaviour = getattr(servicer, method.name)
+        if admit is not None:
+            behaviour = _admitting(behaviour, admit, method.name)
         if method.name not in raw:
             if method.client_streaming:
                 raise TypeError(
@@ -144,6 +174,19 @@ def add_service(
         make = _HANDLERS[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = make(behaviour, response_serializer=_serialize)
     server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _admitting(behaviour: Callable[..., Any], admit: Admit, method: str) -> Callable[..., Any]:
+    def handler(request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            admit(context, method)
+        except Forbidden as exc:
+            _abort(context, grpc.StatusCode.PERMISSION_DENIED, exc)
+        except VersionMismatch as exc:
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, exc)
+        return behaviour(request, context)
+
+    return handler
 
 
 def _serialize(reply: Message | bytes) -> bytes:
@@ -209,6 +252,8 @@ def rpc_failure(exc: grpc.RpcError, party: str, method: str) -> MPPlugError:
         return PartyUnavailableError(party, f"{method} failed: {details}")
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return PartyUnavailableError(party, f"{method} got no answer before its deadline")
+    if code is grpc.StatusCode.FAILED_PRECONDITION:
+        return WireVersionError(details)
     if missing_of(exc) == "session":
         return PartyUnavailableError(party, f"{method}: {details} (did the party restart?)")
     return MPPlugError(f"party {party} refused {method}: {code.name}: {details}")

@@ -7,26 +7,27 @@ upkeep closes idle sessions, drops values nobody will receive and cancels stalle
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import logging
 import math
+import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
-from mpplug.config import ClusterSpec
+from mpplug.config import ClusterSpec, ServerLimits, is_loopback, split_endpoint
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.kernels.datasets import Datasets
 from mpplug.protos import service_pb2
 from mpplug.remote.channels import server_options
-from mpplug.remote.limits import ServerLimits, Slots, StreamWatch
+from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.peer import PeerCommunicator, PeerServicer
 from mpplug.remote.rpc import add_service
 from mpplug.remote.service import PartyServicer
@@ -39,6 +40,7 @@ from mpplug.runtime.party import Party
 log = logging.getLogger(__name__)
 
 SERVICES = service_pb2.DESCRIPTOR.services_by_name
+HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 
 UPKEEP_MAX_S = 1.0
 """The longest the upkeep sleeps between rounds (shorter when a limit is shorter)."""
@@ -51,8 +53,9 @@ class PartyServer:
 
     `timeout` bounds sends to peers (plus time for the bytes) and sets keepalive on peer
     channels. A session no call names for `session_idle_timeout` seconds is closed with its
-    values. `limits` caps what callers may hold at once (see ServerLimits). TLS files and the
-    party's data files are read and checked here: a bad one is a ConfigError naming it.
+    values. `limits` (default: the cluster file's) caps what callers may hold at once (see
+    ServerLimits). TLS files and the party's data files are read and checked here: a bad one
+    is a ConfigError naming it.
     """
 
     def __init__(
@@ -73,7 +76,7 @@ class PartyServer:
         self.rank = spec.rank_of(self.party.name)
         self.timeout = timeout
         self.session_idle_timeout = session_idle_timeout
-        self.limits = limits if limits is not None else ServerLimits()
+        self.limits = limits if limits is not None else spec.limits
         tls = self.party.tls
         self._credentials = server_credentials(tls) if tls is not None else None
         self._mailbox = Mailbox(
@@ -155,9 +158,17 @@ class PartyServer:
             slots=Slots("value streams from peers", self.limits.peer_streams),
             watch=self._watch,
         )
-        add_service(server, self._service, SERVICES["PartyService"], self._service.RAW_REQUESTS)
+        add_service(
+            server,
+            self._service,
+            SERVICES["PartyService"],
+            self._service.RAW_REQUESTS,
+            admit=self._service.admit,
+        )
         add_service(server, peer_service, SERVICES["PeerService"], peer_service.RAW_REQUESTS)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        # Registered like our services, so undecodable bytes are INVALID_ARGUMENT, not the
+        # INTERNAL that gRPC's generated handler answers when its deserializer fails.
+        add_service(server, self._health, HEALTH)
         listen = self.party.listen
         try:
             if self._credentials is None:
@@ -233,9 +244,10 @@ SIGNAL_POLL_S = 0.5
 """How often the main thread wakes while serving (signal handlers also wake it at once)."""
 
 
-def serve_forever(server: PartyServer) -> int:
-    """Start `server` and serve in the foreground until SIGTERM or SIGINT; returns 0 after a
-    clean shutdown. Errors starting it (ConfigError) propagate. For the main thread only."""
+def serve_forever(server: PartyServer, parent_pid: int | None = None) -> int:
+    """Start `server` and serve in the foreground until SIGTERM or SIGINT, or until the
+    process `parent_pid` (if given) is gone; returns 0 after a clean shutdown. Errors
+    starting it (ConfigError) propagate. For the main thread only."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     name = server.party.name
     stop_requested = threading.Event()
@@ -250,15 +262,40 @@ def serve_forever(server: PartyServer) -> int:
     server.start()
     keep_chunk_memory()
     while not stop_requested.wait(SIGNAL_POLL_S):
-        pass
+        if parent_pid is not None and os.getppid() != parent_pid:
+            log.info("party %s: process %d that started it is gone, stopping", name, parent_pid)
+            break
     server.stop()
     return 0
 
 
+def check_exposure(spec: ClusterSpec, party: str, *, insecure: bool) -> None:
+    """Without TLS anyone who reaches a party's port can act as the driver or as any party, so
+    a party without TLS may listen beyond loopback only when `insecure` says so."""
+    spec_of = spec.party(party)
+    if spec.tls or insecure or is_loopback(split_endpoint(spec_of.listen, "listen")[0]):
+        return
+    raise ConfigError(
+        f"party {party} would listen on {spec_of.listen} without TLS, where any host that "
+        f"reaches the port could act as the driver or as any party. Add tls blocks to the "
+        f"cluster file (`mpplug certs` writes them), listen on a loopback address, or pass "
+        f"--insecure to accept that"
+    )
+
+
 def serve_party(
-    config: str | Path, party: str, *, timeout: float, session_idle_timeout: float
+    config: str | Path,
+    party: str,
+    *,
+    timeout: float,
+    session_idle_timeout: float,
+    limits: Sequence[str] = (),
+    insecure: bool = False,
+    parent_pid: int | None = None,
 ) -> int:
-    """Serve `party` of the cluster file `config` until SIGTERM or SIGINT (exit code 0).
+    """Serve `party` of the cluster file `config` until SIGTERM or SIGINT (exit code 0), or
+    until the process `parent_pid` is gone. `limits` are NAME=VALUE assignments over the
+    file's; see `check_exposure` for `insecure`.
 
     Only this party's TLS files need exist on this host; a bad file or an unknown party is a
     ConfigError.
@@ -266,38 +303,22 @@ def serve_party(
     spec = ClusterSpec.from_yaml(config, files_of=[party])
     if party not in spec.names:
         raise ConfigError(f"{config}: no party named {party!r}; parties: {spec.names}")
-    server = PartyServer(spec, party, timeout=timeout, session_idle_timeout=session_idle_timeout)
-    return serve_forever(server)
+    check_exposure(spec, party, insecure=insecure)
+    server = PartyServer(
+        spec,
+        party,
+        timeout=timeout,
+        session_idle_timeout=session_idle_timeout,
+        limits=spec.limits.overridden(limits, "--limit"),
+    )
+    return serve_forever(server, parent_pid)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one party in the foreground until SIGTERM or SIGINT."""
-    parser = argparse.ArgumentParser(
-        prog="python -m mpplug.remote.server", description="Run one party of a cluster."
-    )
-    parser.add_argument("--config", required=True, help="the cluster file (YAML)")
-    parser.add_argument("--party", required=True, help="which party of the file to run")
-    parser.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds a send to a peer may wait"
-    )
-    parser.add_argument(
-        "--session-idle-timeout",
-        type=float,
-        default=DEFAULT_IDLE_TIMEOUT,
-        help=f"seconds a session may go without a call before it is closed "
-        f"(default {DEFAULT_IDLE_TIMEOUT:g})",
-    )
-    args = parser.parse_args(argv)
-    try:
-        return serve_party(
-            args.config,
-            args.party,
-            timeout=args.timeout,
-            session_idle_timeout=args.session_idle_timeout,
-        )
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """`python -m mpplug.remote.server ...` is `mpplug serve ...`."""
+    from mpplug import cli
+
+    return cli.main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -19,26 +19,31 @@ from typing import Any
 import grpc
 import numpy as np
 
-from mpplug.config import ClusterSpec
+from mpplug.config import ClusterSpec, ServerLimits
 from mpplug.core import TensorType
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import DatasetError
 from mpplug.kernels.registry import REGISTRY
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
-from mpplug.remote.limits import ServerLimits, Slots, StreamWatch
+from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.outcomes import COMPLETED, EXECUTION_ERRORS, failure_reply
 from mpplug.remote.peer import PeerCommunicator
 from mpplug.remote.rpc import (
+    WIRE_VERSION,
     BadRequest,
+    Forbidden,
     NotFound,
+    VersionMismatch,
     check_id,
     check_name,
+    describe_version,
     handle_errors,
     scoped_id,
 )
 from mpplug.remote.session import Session, Sessions
 from mpplug.remote.streaming import encode_chunks, read_chunks, receive_joined, receive_tensor
+from mpplug.remote.tls import peer_common_name
 from mpplug.runtime import codec
 from mpplug.runtime.communicator import Mailbox
 from mpplug.runtime.party import Party
@@ -61,6 +66,9 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     RAW_REQUESTS = ("Put", "PutSmall", "LoadProgram")
     """Methods that read their chunk messages themselves (streaming.read_chunks)."""
 
+    ANY_MEMBER = ("Status",)
+    """Methods any certificate of the cluster may call, parties' included."""
+
     def __init__(
         self,
         spec: ClusterSpec,
@@ -73,6 +81,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         session_idle_timeout: float,
     ) -> None:
         self._names = spec.names
+        self._tls = spec.tls
         self._party = party
         self._mailbox = mailbox
         self._comm = comm
@@ -89,10 +98,28 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     def name(self) -> str:
         return self._names[self._party.rank]
 
+    def admit(self, context: grpc.ServicerContext, method: str) -> None:
+        """With TLS, only drivers call this service (Status aside): a certificate naming a
+        party is refused, so a party cannot open sessions or run programs on another."""
+        if not self._tls or method in self.ANY_MEMBER:
+            return
+        caller = peer_common_name(context)
+        if caller in self._names:
+            raise Forbidden(
+                f"party {self.name} takes {method} only from a driver, but the caller's "
+                f"certificate names party {caller!r}"
+            )
+
     @handle_errors
     def OpenSession(
         self, request: pb.OpenSessionRequest, context: grpc.ServicerContext
     ) -> pb.OpenSessionReply:
+        if request.wire_version != WIRE_VERSION:
+            raise VersionMismatch(
+                f"party {self.name} speaks mpplug wire version {WIRE_VERSION}, but the driver "
+                f"speaks {describe_version(request.wire_version)}; run one mpplug release on "
+                f"the driver and every party"
+            )
         if list(request.parties) != self._names:
             raise BadRequest(
                 f"the driver's cluster lists parties {list(request.parties)}, "
@@ -104,6 +131,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             rank=self._party.rank,
             idle_timeout=self._sessions.idle_timeout,
             kernels=REGISTRY.fn_types(),
+            wire_version=WIRE_VERSION,
         )
 
     @handle_errors
