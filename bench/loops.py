@@ -43,8 +43,9 @@ def looped(x: mp.MPObject) -> mp.MPObject:
     return mp.fori_loop(0, STEPS, step, (x, mp.p2p(0, 1, x)))[1]
 
 
-def loop_rows(cluster: mp.Cluster, name: str) -> list[tuple[str, str, str, str, str]]:
-    """Rows (measurement, loop, unrolled, ratio, verdict) for `cluster`."""
+def loop_rows(cluster: mp.Cluster, name: str) -> list[tuple[str, str, str, str, float | None]]:
+    """Rows (measurement, loop, unrolled, ratio as text, the ratio TARGET_RATIO applies to or
+    None) for `cluster`."""
     x = cluster.put(0, np.zeros(4, np.float32))
     cluster.compile(mp.function(lambda v: mp.run_jax(bump, v)), x)  # export bump once, first
     programs = {}
@@ -70,13 +71,13 @@ def loop_rows(cluster: mp.Cluster, name: str) -> list[tuple[str, str, str, str, 
             f"{per_step[looped] * 1e6:.0f} us",
             f"unrolled {per_step[unrolled] * 1e6:.0f} us",
             f"{ratio:.2f}x unrolled",
-            f"{'PASS' if ratio <= TARGET_RATIO else 'FAIL'} (<= {TARGET_RATIO:g}x)",
+            ratio,
         ),
         (
             f"{name}: the same program traced, and its size",
             f"{loop_trace * 1e3:.0f} ms, {len(loop_program.to_bytes()) / 1e3:.1f} kB",
             f"unrolled {flat_trace * 1e3:.0f} ms, {len(flat_program.to_bytes()) / 1e3:.0f} kB",
             f"{flat_trace / loop_trace:.1f}x faster to trace",
-            "",
+            None,
         ),
     ]

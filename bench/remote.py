@@ -1,52 +1,42 @@
 """Benchmark of real parties over gRPC: party-to-party transfer inside a program next to a raw
-TCP socket on loopback, the cached evaluate+fetch round trip next to the Simulator, and a
-fori_loop next to the same steps unrolled."""
+TCP socket on loopback, the cached evaluate+fetch round trip next to the Simulator, a
+fori_loop next to the same steps unrolled, and many drivers at once on one cluster.
+
+Run as `python -m bench.remote`; prints a markdown table, then PASS/FAIL per target.
+"""
 
 from __future__ import annotations
 
+import socket
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
-# Run as a script, this file's folder comes first on sys.path and bench/simulator.py would
-# shadow the `simulator` package; drop that entry before importing it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench.loops
+import jax
+import numpy as np
+import yaml
 
-import socket  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
-
-import mpplug as mp  # noqa: E402
-from bench.loops import loop_rows  # noqa: E402
-from mpplug.config import ClusterSpec  # noqa: E402
-from mpplug.remote.driver import Driver  # noqa: E402
-from mpplug.remote.launch import LocalParties  # noqa: E402
-from simulator import Simulator  # noqa: E402
+import mpplug as mp
+from bench.load import remote_load, simulator_load
+from bench.loops import TARGET_RATIO, loop_rows
+from bench.timing import Target, median_seconds, side_by_side, verdict
+from mpplug.config import ClusterSpec
+from mpplug.remote.driver import Driver
+from mpplug.remote.launch import LocalParties
+from simulator import Simulator
 
 SIZES_MIB = (16, 64, 256)
+TARGET_SIZE_MIB = 16
 TRANSFER_REPEATS = 7
-ROUND_TRIPS = 300
-TARGET_MB_S = 800.0
-TARGET_RAW_SHARE = 0.25
-TARGET_ROUND_TRIP_MS = 5.0
+ROUND_TRIPS = 400
+TARGET_GB_S = 1.5
+TARGET_RAW_SHARE = 0.5
+TARGET_ROUND_TRIP_MS = 2.0
+TARGET_OVER_SIMULATOR = 4.0
 
-
-def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+Row = tuple[str, str, str, str]
 
 
 @mp.function
@@ -64,18 +54,6 @@ def trivial() -> mp.MPObject:
 def hop(x: mp.MPObject) -> mp.MPObject:
     """Party 0 adds one to a scalar and hands it to party 2."""
     return mp.p2p(0, 2, mp.run_jax(lambda a: a + 1, x))
-
-
-def round_trips(cluster: mp.Cluster) -> tuple[float, float]:
-    """Median seconds of evaluate+fetch for `trivial` and for `hop`, programs cached."""
-    scalar = cluster.put(0, np.float32(1.0))
-    t_trivial = median_seconds(
-        lambda: cluster.fetch(cluster.evaluate(trivial), party=0), ROUND_TRIPS, warmup=20
-    )
-    t_hop = median_seconds(
-        lambda: cluster.fetch(cluster.evaluate(hop, scalar), party=2), ROUND_TRIPS, warmup=20
-    )
-    return t_trivial, t_hop
 
 
 def raw_socket_seconds(payload: np.ndarray) -> float:
@@ -101,8 +79,108 @@ def raw_socket_seconds(payload: np.ndarray) -> float:
         return time.perf_counter() - start
 
 
+def transfer_rows(driver: Driver, targets: list[Target]) -> list[Row]:
+    rows = []
+    for mib in SIZES_MIB:
+        payload = np.ones(mib * 2**20 // 4, dtype=np.float32)
+        x = driver.put(0, payload)
+        times = side_by_side(
+            {
+                "grpc": lambda x=x: driver.evaluate(move, x),
+                "raw": lambda p=payload: raw_socket_seconds(p),
+            },
+            repeat=TRANSFER_REPEATS,
+            warmup=1,
+            rounds=1,
+        )
+        rate, raw = payload.nbytes / times["grpc"] / 1e9, payload.nbytes / times["raw"] / 1e9
+        rows.append(
+            (
+                f"p2p {mib} MiB f32 inside a program",
+                f"{rate:.2f} GB/s",
+                f"raw TCP {raw:.2f} GB/s",
+                f"{rate / raw:.0%} of raw",
+            )
+        )
+        if mib == TARGET_SIZE_MIB:
+            targets.append(
+                Target(
+                    f"p2p {mib} MiB >= {TARGET_GB_S} GB/s and >= {TARGET_RAW_SHARE:.0%} of raw TCP",
+                    rate >= TARGET_GB_S and rate / raw >= TARGET_RAW_SHARE,
+                    f"{rate:.2f} GB/s, {rate / raw:.0%}",
+                )
+            )
+        del x
+    return rows
+
+
+def round_trips(cluster: mp.Cluster) -> tuple[float, float]:
+    """Median seconds of evaluate+fetch for `trivial` and for `hop`, programs cached."""
+    scalar = cluster.put(0, np.float32(1.0))
+    times = side_by_side(
+        {
+            "trivial": lambda: cluster.fetch(cluster.evaluate(trivial), party=0),
+            "hop": lambda: cluster.fetch(cluster.evaluate(hop, scalar), party=2),
+        },
+        repeat=ROUND_TRIPS,
+        warmup=20,
+    )
+    return times["trivial"], times["hop"]
+
+
+def round_trip_rows(driver_times: tuple[float, float], targets: list[Target]) -> list[Row]:
+    with Simulator(3) as sim:
+        sim_times = round_trips(sim)
+    (t_driver, t_driver_hop), (t_sim, t_sim_hop) = driver_times, sim_times
+    over = t_driver / t_sim
+    targets.append(
+        Target(
+            f"cached trivial 3-party evaluate+fetch < {TARGET_ROUND_TRIP_MS:g} ms and <= "
+            f"{TARGET_OVER_SIMULATOR:g}x the Simulator",
+            t_driver * 1e3 < TARGET_ROUND_TRIP_MS and over <= TARGET_OVER_SIMULATOR,
+            f"{t_driver * 1e3:.2f} ms, {over:.1f}x",
+        )
+    )
+    return [
+        (
+            "evaluate+fetch, trivial 3-party program (each party computes), cached",
+            f"{t_driver * 1e3:.2f} ms",
+            f"Simulator {t_sim * 1e3:.2f} ms",
+            f"{over:.1f}x Simulator",
+        ),
+        (
+            "evaluate+fetch, one scalar p2p hop (party 1 idle), cached",
+            f"{t_driver_hop * 1e3:.2f} ms",
+            f"Simulator {t_sim_hop * 1e3:.2f} ms",
+            f"{t_driver_hop / t_sim_hop:.1f}x Simulator",
+        ),
+    ]
+
+
+def load_rows(config: Path, targets: list[Target]) -> list[Row]:
+    rows = []
+    for result in (remote_load(config), simulator_load()):
+        rows.append(
+            (
+                f"load: {result.label}",
+                f"{result.throughput:.0f} evaluations/s",
+                f"p50 {result.p50 * 1e3:.2f} ms, p99 {result.p99 * 1e3:.2f} ms",
+                f"{result.errors} errors, {result.mismatches} mixed-up results",
+            )
+        )
+        targets.append(
+            Target(
+                f"load: {result.label}: 0 errors, 0 mixed-up results",
+                result.errors == 0 and result.mismatches == 0,
+                f"{result.errors} errors, {result.mismatches} mixed up",
+            )
+        )
+    return rows
+
+
 def main() -> int:
-    rows: list[tuple[str, str, str, str, str]] = []
+    targets: list[Target] = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="mpplug-bench-") as tmp:
         config = Path(tmp) / "cluster.yaml"
         config.write_text(yaml.safe_dump(ClusterSpec.local(3).to_dict()))
@@ -110,63 +188,27 @@ def main() -> int:
             parties.start()
             parties.wait_ready()
             with Driver(config, timeout=60.0) as driver:
-                for mib in SIZES_MIB:
-                    payload = np.ones(mib * 2**20 // 4, dtype=np.float32)
-                    x = driver.put(0, payload)
-                    t_grpc = median_seconds(lambda x=x: driver.evaluate(move, x), TRANSFER_REPEATS)
-                    t_raw = median_seconds(
-                        lambda p=payload: raw_socket_seconds(p), TRANSFER_REPEATS
-                    )
-                    grpc_rate = payload.nbytes / t_grpc / 1e6
-                    raw_rate = payload.nbytes / t_raw / 1e6
-                    share = grpc_rate / raw_rate
-                    verdict = ""
-                    if mib == SIZES_MIB[-1]:
-                        ok = grpc_rate >= TARGET_MB_S and share >= TARGET_RAW_SHARE
-                        verdict = "PASS" if ok else "FAIL"
-                    rows.append(
-                        (
-                            f"p2p {mib} MiB f32 inside a program",
-                            f"{grpc_rate:.0f} MB/s",
-                            f"raw TCP {raw_rate:.0f} MB/s",
-                            f"{share:.0%} of raw",
-                            f"{verdict} (>= {TARGET_MB_S:.0f} MB/s, >= {TARGET_RAW_SHARE:.0%})"
-                            if verdict
-                            else "",
+                rows += transfer_rows(driver, targets)
+                driver_times = round_trips(driver)
+                for measurement, loop, unrolled, ratio, value in loop_rows(driver, "3 parties over gRPC"):
+                    rows.append((measurement, loop, unrolled, ratio))
+                    if value is not None:
+                        targets.append(
+                            Target(
+                                f"3 parties over gRPC: fori_loop <= {TARGET_RATIO}x unrolled",
+                                value <= TARGET_RATIO,
+                                ratio,
+                            )
                         )
-                    )
-                    del x
-
-                t_driver, t_driver_hop = round_trips(driver)
-                rows.extend(loop_rows(driver, "3 parties over gRPC"))
-    with Simulator(3) as sim:
-        t_sim, t_sim_hop = round_trips(sim)
-    ok = t_driver * 1e3 < TARGET_ROUND_TRIP_MS
-    rows.append(
-        (
-            "evaluate+fetch, trivial 3-party program (each party computes), cached",
-            f"{t_driver * 1e3:.2f} ms",
-            f"Simulator {t_sim * 1e3:.2f} ms",
-            f"{t_driver / t_sim:.1f}x Simulator",
-            f"{'PASS' if ok else 'FAIL'} (< {TARGET_ROUND_TRIP_MS:g} ms)",
-        )
-    )
-    rows.append(
-        (
-            "evaluate+fetch, one scalar p2p hop (party 1 idle), cached",
-            f"{t_driver_hop * 1e3:.2f} ms",
-            f"Simulator {t_sim_hop * 1e3:.2f} ms",
-            f"{t_driver_hop / t_sim_hop:.1f}x Simulator",
-            "",
-        )
-    )
+            rows += load_rows(config, targets)
+    rows += round_trip_rows(driver_times, targets)
 
     print(f"mpplug remote benchmark (jax {jax.__version__}, 3 parties on 127.0.0.1)\n")
-    print("| measurement | driver | reference | ratio | target |")
-    print("|---|---|---|---|---|")
+    print("| measurement | driver | reference | ratio |")
+    print("|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    return 1 if any(row[4].startswith("FAIL") for row in rows) else 0
+    return verdict(targets)
 
 
 if __name__ == "__main__":

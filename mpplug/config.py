@@ -6,6 +6,7 @@ Loaded from YAML or a dict and validated; every error names the offending field.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import math
 import re
@@ -355,8 +356,8 @@ class ClusterSpec:
         if isinstance(names, int):
             names = [f"P{i}" for i in range(names)]
         parties = []
-        for name in names:
-            endpoint = f"{host}:{free_port(host)}"
+        for name, port in zip(names, free_ports(len(names), host), strict=True):
+            endpoint = f"{host}:{port}"
             parties.append(PartySpec(name, endpoint, endpoint, device))
         return cls.from_dict(
             {"parties": [_as_dict(p) for p in parties]}, source="ClusterSpec.local"
@@ -372,10 +373,20 @@ class ClusterSpec:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on `host` right now."""
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports free on `host` right now (all held until each is known, so
+    the system cannot hand out one twice)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def _as_dict(p: PartySpec) -> dict[str, Any]:

@@ -26,24 +26,39 @@ from mpplug.runtime import codec
 from mpplug.runtime.cluster import Cluster
 from mpplug.runtime.communicator import Communicator, Key, Mailbox
 from mpplug.runtime.party import Party
+from mpplug.runtime.profile import Recorder
 
 DEFAULT_TIMEOUT = 30.0
 ABORT_GRACE = 2.0
 
 
 class InMemoryCommunicator(Communicator):
-    """Delivers encoded tensors straight into the destination party's mailbox."""
+    """Delivers values straight into the destination party's mailbox. A JAX array, which is
+    immutable, is handed over as it is, on device (moved to the receiver's device when that
+    is another): no host round trip, and the sender does not wait for it to be computed.
+    Anything else goes through the wire codec, as real parties would see it."""
 
-    def __init__(self, rank: int, mailboxes: Sequence[Mailbox]) -> None:
+    def __init__(
+        self, rank: int, mailboxes: Sequence[Mailbox], devices: Sequence[Any] | None = None
+    ) -> None:
         self.rank = rank
         self.world_size = len(mailboxes)
         self._mailboxes = mailboxes
+        self._devices = devices if devices is not None else [None] * len(mailboxes)
 
     def send(self, key: Key, value: Any) -> None:
-        self._mailboxes[key.dst].deliver(key, codec.to_wire(value))
+        if isinstance(value, jax.Array):
+            device = self._devices[key.dst]
+            if device is not None and value.devices() != {device}:
+                value = jax.device_put(value, device)
+            self._mailboxes[key.dst].deliver(key, value)
+        else:
+            self._mailboxes[key.dst].deliver(key, codec.to_wire(value))
 
     def recv(self, key: Key, timeout: float) -> Any:
         data = self._mailboxes[self.rank].take(key, timeout)
+        if not isinstance(data, codec.WireValue):
+            return data
         try:
             return codec.from_wire(data, where="the value")
         except WireError as exc:  # the key is spelled out only when needed: it costs a join
@@ -119,16 +134,18 @@ class Simulator(Cluster):
         names, declared, datasets = _parse_world(world)
         bound = _devices(devices, declared)
         self._mailboxes = [Mailbox(r) for r in range(len(names))]
+        party_devices: list[Any] = [None] * len(names)  # filled once the runtimes resolve them
         self._parties = [
             Party(
                 r,
                 len(names),
-                InMemoryCommunicator(r, self._mailboxes),
+                InMemoryCommunicator(r, self._mailboxes, party_devices),
                 device=bound[r],
                 datasets=datasets[r],
             )
             for r in range(len(names))
         ]
+        party_devices[:] = [p.runtime.resolved_device() for p in self._parties]
         platforms = sorted(
             {
                 export_platform(p.runtime.resolved_device() or jax.devices()[0])
@@ -172,6 +189,8 @@ class Simulator(Cluster):
 
     def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None:
         exec_id = uuid.uuid4().hex
+        timeline = self._timeline
+        recorders = [Recorder(party.rank) if timeline else None for party in self._parties]
         with self._submit_lock:
             futures = [
                 worker.submit(
@@ -182,14 +201,21 @@ class Simulator(Cluster):
                     exec_id,
                     in_names,
                     out_names,
+                    recorder,
                 )
-                for party, worker in zip(self._parties, self._workers, strict=True)
+                for party, worker, recorder in zip(
+                    self._parties, self._workers, recorders, strict=True
+                )
             ]
         try:
             self._wait(futures, exec_id)
         except BaseException:
             self._release(out_names, frozenset(range(self.world_size)))  # partial outputs
             raise
+        finally:
+            if timeline is not None:
+                for recorder in recorders:
+                    timeline.extend(recorder.spans)  # type: ignore[union-attr]
 
     def _execute(
         self,
@@ -199,13 +225,14 @@ class Simulator(Cluster):
         exec_id: str,
         in_names: list[str],
         out_names: list[str],
+        recorder: Recorder | None,
     ) -> None:
         store = self._stores[party.rank]
         try:
             if not party.has_program(digest):
                 party.load_program(data)
             inputs = [store.get(name) for name in in_names]
-            outputs = party.execute(digest, exec_id, inputs, self.timeout)
+            outputs = party.execute(digest, exec_id, inputs, self.timeout, recorder)
         except BaseException as exc:
             if not isinstance(exc, ExecutionAborted):
                 reason = f"party {party.rank} failed: {type(exc).__name__}"

@@ -3,6 +3,8 @@ current cluster, party names, prand, PRNG keys, operators, and errors in the use
 
 from __future__ import annotations
 
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 import mpplug as mp
 from mpplug.errors import MPPlugError, TraceError
 
+from .clusters import POOL, driven
 from .test_control_flow import _CountingStubs
 
 
@@ -55,7 +58,11 @@ def test_fetch_takes_a_pytree_and_asks_each_party_once(make_cluster):
     def several():
         return {
             "rank": mp.prank(),
-            "pair": (mp.run_jax_at(1, lambda: jnp.arange(3)), mp.run_jax_at(2, lambda: 5.0)),
+            "pair": (
+                mp.run_jax_at(1, lambda: jnp.arange(2000)),
+                mp.run_jax_at(2, lambda: jnp.full(1100, 5.0)),
+            ),
+            "more": mp.run_jax_at(1, lambda: jnp.arange(2000) * 2),
             "note": "host values come back as they are",
         }
 
@@ -65,17 +72,36 @@ def test_fetch_takes_a_pytree_and_asks_each_party_once(make_cluster):
     got = cluster.fetch(out)
     assert got["note"] == "host values come back as they are"
     assert [int(v) for v in got["rank"]] == [0, 1, 2]
-    assert got["pair"][0][0] is None and got["pair"][0][1].tolist() == [0, 1, 2]
-    assert got["pair"][1] == [None, None, 5.0]
-    if hasattr(cluster, "_stubs"):  # party 0 holds one value, parties 1 and 2 two each
-        assert counts.calls == {"Fetch": 1, "FetchMany": 2}
+    assert got["pair"][0][0] is None and got["pair"][0][1].tolist() == list(range(2000))
+    assert got["pair"][1][:2] == [None, None] and got["pair"][1][2].tolist() == [5.0] * 1100
+    assert got["more"][1].tolist() == list(range(0, 4000, 2))
+    # Over 4 KiB, values are fetched: parties 1 and 2 once each (party 1 two values in one
+    # call). The ranks, small, came back with the Execute replies: party 0 is not asked.
+    if hasattr(cluster, "_stubs"):
+        assert counts.calls == {"FetchMany": 1, "Fetch": 1}
         counts.reset()
     at_one = cluster.fetch([out["pair"][0], out["rank"]], party=1)
-    assert at_one[0].tolist() == [0, 1, 2] and int(at_one[1]) == 1
+    assert at_one[0].tolist() == list(range(2000)) and int(at_one[1]) == 1
     if hasattr(cluster, "_stubs"):
-        assert counts.calls == {"FetchMany": 1}
+        assert counts.calls == {"Fetch": 1}
     with pytest.raises(ValueError, match="party 0 does not hold"):
         cluster.fetch(out["pair"], party=0)
+
+
+def test_small_outputs_come_back_with_the_execution_and_leave_with_their_handle():
+    with driven(POOL.get(2), 20.0) as driver:
+        out = driver.evaluate(mp.function(lambda: mp.run_jax(lambda r: r * 10, mp.prank())))
+        counts = _CountingStubs(driver)
+        first = driver.fetch(out)
+        first[1] += 5  # the caller's own copy
+        assert [int(v) for v in driver.fetch(out)] == [0, 10]
+        assert counts.calls == {}
+        name = out.name
+        assert all(name in held for held in driver._inline)
+        del out
+        gc.collect()
+        driver.fetch(driver.put(0, np.float32(0)), party=0)  # sorts the released names
+        assert not any(name in held for held in driver._inline)
 
 
 def test_module_helpers_work_on_the_current_cluster():
@@ -200,7 +226,7 @@ def test_the_driver_refuses_a_program_calling_a_kernel_a_party_lacks():
         message = str(info.value)
         assert "party P1 serves no kernel for 'test.only_in_the_driver'" in message
         assert "entry point in the 'mpplug.kernels' group" in message
-        assert "Execute" not in counts.calls and "LoadProgram" not in counts.calls
+        assert not {"Execute", "LoadProgram", "LoadProgramSmall"} & set(counts.calls)
         assert [int(v) for v in driver.fetch(driver.evaluate(mp.function(mp.prank)))] == [0, 1]
 
 

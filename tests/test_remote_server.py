@@ -378,13 +378,14 @@ def test_values_over_the_message_limit_stream_both_ways(driver):
 def test_a_program_is_shipped_once_per_digest_and_again_if_a_party_lost_it(driver):
     shipped = []
     for rank, uploads in enumerate(driver._streams):
-        load = uploads.LoadProgram
+        for method in ("LoadProgram", "LoadProgramSmall"):  # a small program goes unary
+            load = getattr(uploads, method)
 
-        def counting(chunks, *, rank=rank, load=load, **kwargs):
-            shipped.append(rank)
-            return load(chunks, **kwargs)
+            def counting(chunks, *, rank=rank, load=load, **kwargs):
+                shipped.append(rank)
+                return load(chunks, **kwargs)
 
-        uploads.LoadProgram = counting
+            setattr(uploads, method, counting)
     x = driver.put(0, np.float32(1.0))
     for _ in range(3):
         x = driver.evaluate(add_one, x)

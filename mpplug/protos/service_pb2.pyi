@@ -100,7 +100,7 @@ class LoadProgramReply(_message.Message):
     def __init__(self, digest: _Optional[str] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("session", "exec_id", "digest", "inputs", "outputs", "timeout", "release")
+    __slots__ = ("session", "exec_id", "digest", "inputs", "outputs", "timeout", "release", "profile", "inline_max_bytes")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     EXEC_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,8 @@ class ExecuteRequest(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    INLINE_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     session: str
     exec_id: str
     digest: str
@@ -115,21 +117,51 @@ class ExecuteRequest(_message.Message):
     outputs: _containers.RepeatedScalarFieldContainer[str]
     timeout: float
     release: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session: _Optional[str] = ..., exec_id: _Optional[str] = ..., digest: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., timeout: _Optional[float] = ..., release: _Optional[_Iterable[str]] = ...) -> None: ...
+    profile: bool
+    inline_max_bytes: int
+    def __init__(self, session: _Optional[str] = ..., exec_id: _Optional[str] = ..., digest: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., timeout: _Optional[float] = ..., release: _Optional[_Iterable[str]] = ..., profile: _Optional[bool] = ..., inline_max_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecuteReply(_message.Message):
-    __slots__ = ("completed", "party_error", "comm_timeout", "aborted", "unavailable")
+    __slots__ = ("completed", "party_error", "comm_timeout", "aborted", "unavailable", "spans", "values")
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     PARTY_ERROR_FIELD_NUMBER: _ClassVar[int]
     COMM_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     ABORTED_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     completed: Completed
     party_error: PartyFailure
     comm_timeout: CommTimeout
     aborted: Aborted
     unavailable: Unavailable
-    def __init__(self, completed: _Optional[_Union[Completed, _Mapping]] = ..., party_error: _Optional[_Union[PartyFailure, _Mapping]] = ..., comm_timeout: _Optional[_Union[CommTimeout, _Mapping]] = ..., aborted: _Optional[_Union[Aborted, _Mapping]] = ..., unavailable: _Optional[_Union[Unavailable, _Mapping]] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[ProfileSpan]
+    values: _containers.RepeatedCompositeFieldContainer[InlineValue]
+    def __init__(self, completed: _Optional[_Union[Completed, _Mapping]] = ..., party_error: _Optional[_Union[PartyFailure, _Mapping]] = ..., comm_timeout: _Optional[_Union[CommTimeout, _Mapping]] = ..., aborted: _Optional[_Union[Aborted, _Mapping]] = ..., unavailable: _Optional[_Union[Unavailable, _Mapping]] = ..., spans: _Optional[_Iterable[_Union[ProfileSpan, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[InlineValue, _Mapping]]] = ...) -> None: ...
+
+class ProfileSpan(_message.Message):
+    __slots__ = ("name", "category", "start_ns", "duration_ns", "args_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_NS_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    category: str
+    start_ns: int
+    duration_ns: int
+    args_json: str
+    def __init__(self, name: _Optional[str] = ..., category: _Optional[str] = ..., start_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., args_json: _Optional[str] = ...) -> None: ...
+
+class InlineValue(_message.Message):
+    __slots__ = ("name", "type", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: _values_pb2.TensorType
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[_values_pb2.TensorType, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Completed(_message.Message):
     __slots__ = ()

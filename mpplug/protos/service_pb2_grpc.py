@@ -66,6 +66,11 @@ class PartyServiceStub:
                 request_serializer=mpplug_dot_protos_dot_service__pb2.ProgramChunk.SerializeToString,
                 response_deserializer=mpplug_dot_protos_dot_service__pb2.LoadProgramReply.FromString,
                 _registered_method=True)
+        self.LoadProgramSmall = channel.unary_unary(
+                '/mpplug.PartyService/LoadProgramSmall',
+                request_serializer=mpplug_dot_protos_dot_service__pb2.ProgramChunk.SerializeToString,
+                response_deserializer=mpplug_dot_protos_dot_service__pb2.LoadProgramReply.FromString,
+                _registered_method=True)
         self.Execute = channel.unary_unary(
                 '/mpplug.PartyService/Execute',
                 request_serializer=mpplug_dot_protos_dot_service__pb2.ExecuteRequest.SerializeToString,
@@ -150,6 +155,13 @@ class PartyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadProgramSmall(self, request, context):
+        """LoadProgram for a program that fits one chunk.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Execute(self, request, context):
         """Run this party's share of a program it holds; NOT_FOUND if it holds no such digest.
         """
@@ -165,7 +177,8 @@ class PartyServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Fetch(self, request, context):
-        """A stored value: its bytes in chunks, the first with its type.
+        """A stored value: its bytes in chunks, the first with its type. A reply of at most 32 KiB
+        (FetchMany: all values together) is not counted against the party's download streams.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -231,6 +244,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
             ),
             'LoadProgram': grpc.stream_unary_rpc_method_handler(
                     servicer.LoadProgram,
+                    request_deserializer=mpplug_dot_protos_dot_service__pb2.ProgramChunk.FromString,
+                    response_serializer=mpplug_dot_protos_dot_service__pb2.LoadProgramReply.SerializeToString,
+            ),
+            'LoadProgramSmall': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadProgramSmall,
                     request_deserializer=mpplug_dot_protos_dot_service__pb2.ProgramChunk.FromString,
                     response_serializer=mpplug_dot_protos_dot_service__pb2.LoadProgramReply.SerializeToString,
             ),
@@ -432,6 +450,33 @@ class PartyService:
             request_iterator,
             target,
             '/mpplug.PartyService/LoadProgram',
+            mpplug_dot_protos_dot_service__pb2.ProgramChunk.SerializeToString,
+            mpplug_dot_protos_dot_service__pb2.LoadProgramReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadProgramSmall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mpplug.PartyService/LoadProgramSmall',
             mpplug_dot_protos_dot_service__pb2.ProgramChunk.SerializeToString,
             mpplug_dot_protos_dot_service__pb2.LoadProgramReply.FromString,
             options,

@@ -58,7 +58,7 @@ from mpplug.kernels.devices import parse_device_spec
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import keepalive_for, open_channel
-from mpplug.remote.outcomes import reply_error
+from mpplug.remote.outcomes import inline_values, reply_error, reply_spans
 from mpplug.remote.rpc import (
     WIRE_VERSION,
     describe_version,
@@ -93,6 +93,11 @@ KEEPALIVE_FRACTION = 3
 
 CLOSE_TIMEOUT = 5.0
 """The most seconds closing a session waits for each party (the lease frees it anyway)."""
+
+INLINE_MAX_BYTES = 4096
+"""Outputs up to this size come back with the Execute reply and are kept here until their
+handle is dropped, so fetching a small result costs no call (the driver may fetch any value
+of its session anyway)."""
 
 RELEASE_FLUSH = 256
 """Dropped handles waiting for one party before they go to it in a Release call of their own."""
@@ -137,6 +142,7 @@ class Driver(Cluster):
         self._shipped: list[set[str]] = [set() for _ in spec.parties]
         self._participants: dict[str, list[int]] = {}
         self._kernels: list[frozenset[str]] = [frozenset() for _ in spec.parties]
+        self._inline: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in spec.parties]
         self._sizes: dict[str, int] = {}
         self._released: collections.deque[tuple[tuple[str, ...], PartySet]] = collections.deque()
         self._unreleased: list[list[str]] = [[] for _ in spec.parties]
@@ -178,10 +184,21 @@ class Driver(Cluster):
         ).start()
 
     def _fetch_groups(self, wanted: dict[int, list[str]]) -> dict[int, list[np.ndarray[Any, Any]]]:
-        calls = {
-            rank: self._pool.submit(self._fetch_many, rank, names) for rank, names in wanted.items()
-        }
-        return {rank: call.result() for rank, call in calls.items()}
+        """Values the parties sent back with their Execute replies are served from here;
+        the rest are fetched, one call per party, in parallel."""
+        found: dict[int, list[np.ndarray[Any, Any] | None]] = {}
+        calls = {}
+        for rank, names in wanted.items():
+            inline = self._inline[rank]
+            held = [inline.get(n) for n in names]
+            found[rank] = [None if value is None else np.array(value) for value in held]
+            missing = [n for n, value in zip(names, found[rank], strict=True) if value is None]
+            if missing:
+                calls[rank] = self._pool.submit(self._fetch_many, rank, missing)
+        for rank, call in calls.items():
+            fetched = iter(call.result())
+            found[rank] = [next(fetched) if value is None else value for value in found[rank]]
+        return found  # type: ignore[return-value]
 
     def _fetch_many(self, rank: int, names: list[str]) -> list[np.ndarray[Any, Any]]:
         """One party's values in one call (FetchMany), or a plain Fetch for one value."""
@@ -322,6 +339,8 @@ class Driver(Cluster):
                 self._sizes.pop(name, None)
             for r in ranks:
                 self._unreleased[r].extend(dropped)
+                for name in dropped:
+                    self._inline[r].pop(name, None)
 
     def _fire(self, call: grpc.Future) -> None:
         """Keep an unawaited call alive until it completes (grpc cancels collected calls)."""
@@ -349,10 +368,13 @@ class Driver(Cluster):
             )
         data = program.to_bytes()
         header = pb.ProgramHeader(session=self.session, digest=program.digest, size=len(data))
+        chunks = encode_chunks(header, data)
+        deadline = transfer_deadline(self.timeout, len(data))
         try:
-            self._streams[rank].LoadProgram(
-                encode_chunks(header, data), timeout=transfer_deadline(self.timeout, len(data))
-            )
+            if fits_one_chunk(len(data)):
+                self._streams[rank].LoadProgramSmall(next(chunks), timeout=deadline)
+            else:
+                self._streams[rank].LoadProgram(chunks, timeout=deadline)
         except grpc.RpcError as exc:
             raise rpc_failure(exc, self._party_names[rank], "LoadProgram") from None
         self._shipped[rank].add(program.digest)
@@ -368,9 +390,14 @@ class Driver(Cluster):
             inputs=in_names,
             outputs=out_names,
             timeout=self.timeout,
+            profile=self._timeline is not None,
+            inline_max_bytes=INLINE_MAX_BYTES,
         )
         errors = self._execute(program, request, ranks)
         if errors:
+            for rank in ranks:
+                for name in out_names:
+                    self._inline[rank].pop(name, None)
             self._release(out_names, frozenset(range(self.world_size)))
             root = [e for _, e in sorted(errors.items()) if not isinstance(e, ExecutionAborted)]
             raise (root or list(errors.values()))[0]
@@ -407,25 +434,43 @@ class Driver(Cluster):
     def _execute_on(
         self, rank: int, program: Program, request: pb.ExecuteRequest, execution: _Execution
     ) -> None:
+        """Run `request` on party `rank` (a blocking call on a pool thread: gRPC futures
+        would start a thread per call) and report how it ended; a party that lost the
+        program gets it again and is asked once more."""
         mine = pb.ExecuteRequest(release=self._releases_for(rank))
         mine.MergeFrom(request)
         party = self._party_names[rank]
-        error: MPPlugError | None = None
+        error: MPPlugError | None
         try:
+            start_ns = time.time_ns()
             try:
                 reply = self._stubs[rank].Execute(mine, timeout=self.execute_timeout)
             except grpc.RpcError as exc:
                 if missing_of(exc) != "program":
-                    raise rpc_failure(exc, party, "Execute") from None
+                    raise
                 self._ship_to(program, rank)  # the party restarted or evicted the program
+                start_ns = time.time_ns()
                 reply = self._stubs[rank].Execute(mine, timeout=self.execute_timeout)
-            error = reply_error(reply, party)
+            error = self._take_reply(rank, reply, start_ns)
         except grpc.RpcError as exc:
             error = rpc_failure(exc, party, "Execute")
         except MPPlugError as exc:
             error = exc
         if execution.report(rank, error):
             self._abort(request, execution.ranks, f"party {party} failed")
+
+    def _take_reply(self, rank: int, reply: pb.ExecuteReply, start_ns: int) -> MPPlugError | None:
+        """The error a reply carries; its spans go to the timeline, its outputs to the cache."""
+        party = self._party_names[rank]
+        try:
+            timeline = self._timeline
+            if timeline is not None:
+                timeline.extend(reply_spans(reply, rank, party))
+                timeline.caller.add("Execute", "rpc", start_ns, party=rank)
+            self._inline[rank].update(inline_values(reply, party))
+        except MPPlugError as exc:
+            return exc
+        return reply_error(reply, party)
 
     def _abort(self, request: pb.ExecuteRequest, ranks: Iterable[int], reason: str) -> None:
         abort = pb.AbortRequest(session=self.session, exec_id=request.exec_id, reason=reason)

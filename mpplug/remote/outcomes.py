@@ -1,4 +1,5 @@
-"""How one party's share of an execution ended, as an `ExecuteReply` and back.
+"""How one party's share of an execution ended, as an `ExecuteReply` and back: the outcome,
+the spans it recorded when profiled, and its small outputs sent back inline.
 
 Each failure crosses the wire as its fields, so the driver raises the same typed error the
 party raised (PartyError, CommTimeoutError, ExecutionAborted, PartyUnavailableError).
@@ -6,14 +7,23 @@ party raised (PartyError, CommTimeoutError, ExecutionAborted, PartyUnavailableEr
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
 from mpplug.errors import (
     CommTimeoutError,
     ExecutionAborted,
     MPPlugError,
     PartyError,
     PartyUnavailableError,
+    WireError,
 )
 from mpplug.protos import service_pb2 as pb
+from mpplug.runtime import codec
+from mpplug.runtime.profile import CATEGORIES, Span
 
 EXECUTION_ERRORS = (PartyError, CommTimeoutError, ExecutionAborted, PartyUnavailableError)
 COMPLETED = pb.ExecuteReply(completed=pb.Completed())
@@ -56,3 +66,58 @@ def reply_error(reply: pb.ExecuteReply, party: str) -> MPPlugError | None:
     if outcome == "aborted":
         return ExecutionAborted(reply.aborted.message)
     return MPPlugError(f"party {party} sent an Execute reply with no outcome")
+
+
+def add_spans(reply: pb.ExecuteReply, spans: Sequence[Span]) -> None:
+    for span in spans:
+        reply.spans.add(
+            name=span.name,
+            category=span.category,
+            start_ns=span.start_ns,
+            duration_ns=span.duration_ns,
+            args_json=json.dumps(span.args),
+        )
+
+
+def reply_spans(reply: pb.ExecuteReply, rank: int, party: str) -> list[Span]:
+    """The spans a reply from party `rank` carries, checked; WireError if one is malformed."""
+    spans = []
+    for i, msg in enumerate(reply.spans):
+        where = f"span {i} from party {party}"
+        if msg.category not in CATEGORIES or msg.duration_ns < 0:
+            raise WireError(
+                f"{where}: expected a category in {sorted(CATEGORIES)} and a duration >= 0, "
+                f"got {msg.category!r} and {msg.duration_ns}"
+            )
+        try:
+            args = json.loads(msg.args_json)
+        except ValueError as exc:
+            raise WireError(f"{where}: args are not JSON: {exc}") from None
+        if not isinstance(args, dict):
+            raise WireError(f"{where}: expected args as a JSON object, got {msg.args_json!r}")
+        spans.append(Span(rank, msg.name, msg.category, msg.start_ns, msg.duration_ns, args))
+    return spans
+
+
+MAX_INLINE_BYTES = 64 * 1024
+"""The most bytes of outputs one Execute reply carries back, whatever the driver asks."""
+
+
+def add_inline(reply: pb.ExecuteReply, outputs: Sequence[tuple[str, Any]], max_bytes: int) -> None:
+    """Put into `reply` each (name, value) of at most `max_bytes`, while the reply's total
+    stays within MAX_INLINE_BYTES."""
+    budget = MAX_INLINE_BYTES
+    for name, value in outputs:
+        array = codec.as_host_array(value)
+        if array.nbytes <= min(max_bytes, budget):
+            budget -= array.nbytes
+            reply.values.add(name=name, type=codec.encode_type(array), data=array.tobytes())
+
+
+def inline_values(reply: pb.ExecuteReply, party: str) -> dict[str, np.ndarray[Any, Any]]:
+    """The outputs a reply from `party` carries back, by name, each validated."""
+    found = {}
+    for msg in reply.values:
+        where = f"output {msg.name!r} sent back by party {party}"
+        found[msg.name] = codec.from_buffer(codec.decode_type(msg.type, where), msg.data, where)
+    return found

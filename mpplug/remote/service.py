@@ -27,7 +27,13 @@ from mpplug.kernels.registry import REGISTRY
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.limits import Slots, StreamWatch
-from mpplug.remote.outcomes import COMPLETED, EXECUTION_ERRORS, failure_reply
+from mpplug.remote.outcomes import (
+    COMPLETED,
+    EXECUTION_ERRORS,
+    add_inline,
+    add_spans,
+    failure_reply,
+)
 from mpplug.remote.peer import PeerCommunicator
 from mpplug.remote.rpc import (
     WIRE_VERSION,
@@ -47,6 +53,7 @@ from mpplug.remote.tls import peer_common_name
 from mpplug.runtime import codec
 from mpplug.runtime.communicator import Mailbox
 from mpplug.runtime.party import Party
+from mpplug.runtime.profile import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +66,16 @@ MAX_FETCH_NAMES = 4096
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 """The longest receive timeout an execution may ask for."""
 
+SMALL_REPLY_BYTES = 32 << 10
+"""A Fetch or FetchMany of at most this many bytes takes no download slot: its reply fits well
+within the driver's initial 64 KiB HTTP/2 flow-control window, so sending it never waits on the
+driver (as a PutSmall or LoadProgramSmall, read whole before it runs, takes no upload slot)."""
+
 
 class PartyServicer(rpc_pb.PartyServiceServicer):
     """Serves one party's sessions to drivers."""
 
-    RAW_REQUESTS = ("Put", "PutSmall", "LoadProgram")
+    RAW_REQUESTS = ("Put", "PutSmall", "LoadProgram", "LoadProgramSmall")
     """Methods that read their chunk messages themselves (streaming.read_chunks)."""
 
     ANY_MEMBER = ("Status",)
@@ -184,7 +196,13 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         self, chunks: Iterator[bytes], context: grpc.ServicerContext
     ) -> pb.LoadProgramReply:
         self._uploads.hold_for(context)
-        messages = self._watch.watch(context, chunks)
+        return self._load_program(self._watch.watch(context, chunks))
+
+    @handle_errors
+    def LoadProgramSmall(self, chunk: bytes, context: grpc.ServicerContext) -> pb.LoadProgramReply:
+        return self._load_program(iter([chunk]))
+
+    def _load_program(self, messages: Iterator[bytes]) -> pb.LoadProgramReply:
         header, parts = read_chunks(messages, pb.ProgramChunk, "LoadProgram")
         self._sessions.get(header.session)
         where = f"program {header.digest[:12]}"
@@ -225,17 +243,29 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         outputs = [check_name(name, f"output {i}") for i, name in enumerate(request.outputs)]
         inputs = self._inputs(session, list(request.inputs), interpreter.input_ops)
         run_id = scoped_id(session.id, exec_id)
+        recorder = Recorder(self._party.rank) if request.profile else None
         self._executes.take()
         try:
-            values = self._run(request.digest, run_id, inputs, request.timeout, context)
+            values = self._run(request.digest, run_id, inputs, request.timeout, context, recorder)
         except EXECUTION_ERRORS as exc:
-            return failure_reply(exc)
+            reply = failure_reply(exc)
+            if recorder is not None:
+                add_spans(reply, recorder.spans)
+            return reply
         finally:
             self._executes.give_back()
-        session.store(
-            {name: value for name, value in zip(outputs, values, strict=True) if value is not None}
-        )
-        return COMPLETED
+        held = [
+            (name, value) for name, value in zip(outputs, values, strict=True) if value is not None
+        ]
+        session.store(dict(held))
+        if recorder is None and not request.inline_max_bytes:
+            return COMPLETED
+        reply = pb.ExecuteReply(completed=pb.Completed())
+        if recorder is not None:
+            add_spans(reply, recorder.spans)
+        if request.inline_max_bytes:
+            add_inline(reply, held, request.inline_max_bytes)
+        return reply
 
     def _run(
         self,
@@ -244,6 +274,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         inputs: list[Any],
         timeout: float,
         context: grpc.ServicerContext,
+        recorder: Recorder | None,
     ) -> list[Any]:
         """Run one execution (`run_id` as `scoped_id` makes it); if its call ends first (the
         driver cancelled or went away), it is aborted so it does not wait out the timeout."""
@@ -260,7 +291,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         context.add_callback(on_call_done)
         self._mailbox.start(run_id)
         try:
-            return self._party.execute(digest, run_id, inputs, timeout)
+            return self._party.execute(digest, run_id, inputs, timeout, recorder)
         finally:
             finished.set()
             self._mailbox.finish(run_id)
@@ -300,7 +331,8 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         session.release(request.release)
         value = session.get(request.name)
         array = codec.as_host_array(np.asarray(value))
-        self._downloads.hold_for(context)
+        if array.nbytes > SMALL_REPLY_BYTES:
+            self._downloads.hold_for(context)
         return self._watch.watch(context, encode_chunks(codec.encode_type(array), array))
 
     @handle_errors
@@ -317,7 +349,8 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             codec.as_host_array(np.asarray(session.get(check_name(name, f"names[{i}]"))))
             for i, name in enumerate(request.names)
         ]
-        self._downloads.hold_for(context)
+        if sum(array.nbytes for array in arrays) > SMALL_REPLY_BYTES:
+            self._downloads.hold_for(context)
         stream = (
             chunk for array in arrays for chunk in encode_chunks(codec.encode_type(array), array)
         )

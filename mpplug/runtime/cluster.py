@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -23,6 +24,7 @@ from mpplug.errors import MPPlugError, TraceError
 from mpplug.frontend.tracer import MPFunction, Program, static_key, trace
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.codec import as_host_array
+from mpplug.runtime.profile import Timeline
 
 _cluster_ids = itertools.count()
 
@@ -61,6 +63,7 @@ class Cluster(ABC):
         self._names = itertools.count()
         self._programs: LRUCache[Any, Program] = LRUCache(PROGRAM_CACHE_SIZE)
         self._closed = False
+        self._timeline: Timeline | None = None
 
     # -- the public interface -------------------------------------------------------------
     @property
@@ -86,13 +89,30 @@ class Cluster(ABC):
             )
         return party
 
+    @contextlib.contextmanager
+    def profile(self) -> Iterator[Timeline]:
+        """Record a timeline of what runs inside the block: at each party every op, send and
+        receive (with bytes and waiting time) and kernel compile and run, and the caller's
+        calls. `timeline.write("trace.json")` saves it for Perfetto or chrome://tracing.
+
+        Every call on this cluster inside the block is recorded, from any thread."""
+        timeline = Timeline(self._party_names)
+        outer, self._timeline = self._timeline, timeline
+        try:
+            yield timeline
+        finally:
+            self._timeline = outer
+
     def put(self, party: int | str, value: Any) -> ClusterValue:
         """Send a host value to one party; returns its handle."""
         self._check_open()
+        start = time.time_ns()
         rank = self.rank_of(party)
         array = as_host_array(value)
         name = self._new_name()
         self._put(rank, name, array)
+        if self._timeline is not None:
+            self._timeline.caller.add("put", "rpc", start, party=rank, bytes=array.nbytes)
         return self._handle(name, TensorType(array.dtype, array.shape), frozenset({rank}))
 
     def compile(self, fn: Callable[..., Any] | Program, *args: Any, **kwargs: Any) -> Program:
@@ -107,6 +127,7 @@ class Cluster(ABC):
         Arguments, positional or keyword, are pytrees: handles become the program's party
         values, anything else is a static Python value the program is traced for."""
         self._check_open()
+        start = time.time_ns()
         if isinstance(fn, Program):
             if kwargs:
                 raise TraceError(
@@ -126,6 +147,8 @@ class Cluster(ABC):
         handles = [self._own(x, f"argument {i}") for i, x in enumerate(inputs)]
         out_names = [self._new_name() for _ in program.output_types]
         self._run(program, [h.name for h in handles], out_names)
+        if self._timeline is not None:
+            self._timeline.caller.add("evaluate", "rpc", start, program=program.graph.name)
         outs = [
             self._handle(name, t, p)
             for name, (t, p) in zip(out_names, program.output_types, strict=True)
@@ -138,6 +161,7 @@ class Cluster(ABC):
         (None where not held), or with `party=`, that party's value as a numpy array. Each
         party is asked once, whatever the number of handles."""
         self._check_open()
+        start = time.time_ns()
         leaves, tree = jax.tree.flatten(obj)
         handles = {
             i: self._own(leaf, f"fetch leaf {i}")
@@ -165,6 +189,8 @@ class Cluster(ABC):
                 out[i] = [
                     found[r][h.name] if r in h.parties else None for r in range(self.world_size)
                 ]
+        if self._timeline is not None:
+            self._timeline.caller.add("fetch", "rpc", start, values=len(handles))
         return jax.tree.unflatten(tree, out)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ to the driver. A plan is built once per (graph, rank).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from mpplug.errors import (
 )
 from mpplug.kernels import KernelRuntime, builtin, invoke
 from mpplug.runtime.communicator import Communicator, Key
+from mpplug.runtime.profile import Recorder, Span, compile_seconds
 
 _TRUE, _FALSE = np.array(True), np.array(False)
 _TRUE.flags.writeable = _FALSE.flags.writeable = False
@@ -122,6 +124,7 @@ class _Run:
     exec_id: str
     runtime: KernelRuntime
     timeout: float
+    recorder: Recorder | None
 
 
 class Interpreter:
@@ -183,8 +186,10 @@ class Interpreter:
         exec_id: str,
         runtime: KernelRuntime,
         timeout: float,
+        recorder: Recorder | None = None,
     ) -> list[Any]:
-        """Run the plan; `inputs[i]` is argument i (None where this party holds none).
+        """Run the plan; `inputs[i]` is argument i (None where this party holds none). With
+        a `recorder`, each step is recorded in it (see mpplug.runtime.profile).
 
         Returns one entry per graph output: the value here, or None where not held.
         """
@@ -196,7 +201,8 @@ class Interpreter:
                     "MissingInput",
                     f"argument {op.input_index} ({op.outs[0]}) is not held by this party",
                 )
-        return self._run_block(self.plan, inputs, _Run(comm, exec_id, runtime, timeout), None)
+        run = _Run(comm, exec_id, runtime, timeout, recorder)
+        return self._run_block(self.plan, inputs, run, None)
 
     def _run_block(
         self, plan: _Plan, args: Sequence[Any], run: _Run, frame: _Frame | None
@@ -209,7 +215,9 @@ class Interpreter:
         outs: Sequence[Any]
         for step in plan.steps:
             try:
-                if step.fn is not None:
+                if run.recorder is not None:
+                    outs = self._recorded(step, env, run, frame, run.recorder)
+                elif step.fn is not None:
                     outs = invoke(step.fn, *[env[r] for r in step.args], runtime=runtime)
                 else:
                     outs = _RUNNERS[step.op.kind](self, step, env, run, frame)
@@ -228,6 +236,37 @@ class Interpreter:
             for ref in step.drop:
                 del env[ref]
         return list(map(env.get, plan.outputs))
+
+    def _recorded(
+        self,
+        step: _Step,
+        env: dict[ValueRef, Any],
+        run: _Run,
+        frame: _Frame | None,
+        recorder: Recorder,
+    ) -> Sequence[Any]:
+        """Run one step as `_run_block` does, recording it as an "op" span; a call also gets
+        its kernel's "compile" (JAX compiling on this thread) and "run" spans."""
+        op = step.op
+        args = {"op": op.id, "kind": op.kind.name.lower()}
+        if frame is not None:
+            args["scope"] = list(frame.scope)
+        start = time.time_ns()
+        if step.fn is None:
+            outs = _RUNNERS[op.kind](self, step, env, run, frame)
+            recorder.add(_op_name(step), "op", start, **args)
+            return outs
+        with compile_seconds() as compiling:
+            outs = invoke(step.fn, *[env[r] for r in step.args], runtime=run.runtime)
+        recorder.add(_op_name(step), "op", start, **args)
+        compile_ns = int(compiling[0] * 1e9)
+        end = start + recorder.spans[-1].duration_ns
+        if compile_ns:
+            recorder.spans.append(Span(self.rank, "compile", "compile", start, compile_ns, args))
+        recorder.spans.append(
+            Span(self.rank, "run", "run", start + compile_ns, end - start - compile_ns, args)
+        )
+        return outs
 
     def _cond(
         self, step: _Step, env: dict[ValueRef, Any], run: _Run, frame: _Frame | None
@@ -291,12 +330,19 @@ class Interpreter:
         op, rank = step.op, self.rank
         scope = frame.scope if frame else ()
         for dst, ref in step.sends:
+            if run.recorder is None:
+                run.comm.send(Key(run.exec_id, op.id, rank, dst, scope), env[ref])
+                continue
+            start = time.time_ns()
             run.comm.send(Key(run.exec_id, op.id, rank, dst, scope), env[ref])
+            nbytes = int(np.asarray(env[ref]).nbytes)
+            run.recorder.add("send", "send", start, op=op.id, to=dst, bytes=nbytes)
         if step.local is not None:
             return (env[step.local],)
         if step.receive_from is None:
             return (None,)
         key = Key(run.exec_id, op.id, step.receive_from, rank, scope)
+        start = time.time_ns()
         try:
             value = run.comm.recv(key, run.timeout)
         except CommTimeoutError as exc:
@@ -310,7 +356,18 @@ class Interpreter:
         if value.dtype != expected.dtype.numpy or value.shape != expected.shape:
             got = TensorType(value.dtype, value.shape)
             raise WireError(f"received {got} from party {step.receive_from}, expected {expected}")
+        if run.recorder is not None:
+            run.recorder.add(
+                "recv", "recv", start, op=op.id, source=step.receive_from, bytes=value.nbytes
+            )
         return (value,)
+
+
+def _op_name(step: _Step) -> str:
+    """How a step's span is named: the function a call runs, or the kind of op."""
+    if step.fn is not None:
+        return f"{step.fn.fn_type}:{step.fn.fn_name}"
+    return step.op.kind.name.lower()
 
 
 def _counter(cond: _Plan, body: _Plan) -> tuple[tuple[int, int, int], _Plan] | None:

@@ -15,6 +15,7 @@ from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
 from mpplug.runtime.interpreter import Interpreter
+from mpplug.runtime.profile import Recorder
 
 DEFAULT_PROGRAM_CACHE = 128
 
@@ -73,9 +74,15 @@ class Party:
         return found
 
     def execute(
-        self, digest: str, exec_id: str, inputs: Sequence[Any], timeout: float
+        self,
+        digest: str,
+        exec_id: str,
+        inputs: Sequence[Any],
+        timeout: float,
+        recorder: Recorder | None = None,
     ) -> list[Any]:
-        """Run program `digest`; returns per-output values (None where not held here)."""
+        """Run program `digest`; returns per-output values (None where not held here). With
+        a `recorder`, each step is recorded in it."""
         return self.interpreter(digest).run(
-            inputs, self.communicator, exec_id, self.runtime, timeout
+            inputs, self.communicator, exec_id, self.runtime, timeout, recorder
         )

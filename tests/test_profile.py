@@ -1,0 +1,136 @@
+"""`cluster.profile()`: a timeline of every op at every party, with transfers, kernel compile
+and run, and the caller's calls, written as Chrome trace event JSON, on every cluster kind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import mpplug as mp
+from mpplug.core.graph import OpKind
+from mpplug.errors import PartyError
+from mpplug.runtime.interpreter import Interpreter
+from mpplug.runtime.profile import CALLER, CATEGORIES
+
+from .test_conformance import fail_pfunction
+
+
+@mp.function
+def pipeline(x: mp.MPObject) -> mp.MPObject:
+    """Party 0 doubles x and hands it to party 1, which adds one three times in a loop and
+    sends the result to everyone."""
+    doubled = mp.run_jax(lambda a: a * 2, x)
+    at_one = mp.p2p(0, 1, doubled)
+    looped = mp.fori_loop(0, 3, lambda i, v: mp.run_jax(lambda a: a + 1, v), at_one)
+    return mp.bcast(1, looped, to=[0, 1, 2])
+
+
+def expected_ops(program: mp.Program, rank: int) -> Counter[int]:
+    """How many times party `rank` runs each op of `pipeline`'s program: the loop body's ops
+    three times, the rest once."""
+    counts: Counter[int] = Counter()
+
+    def walk(plan, times: int) -> None:  # type: ignore[no-untyped-def]
+        for step in plan.steps:
+            counts[step.op.id] += times
+            inner = 3 if step.op.kind is OpKind.WHILE else 1
+            for region in step.regions:
+                walk(region, times * inner)
+
+    walk(Interpreter(program.graph, rank).plan, 1)
+    return counts
+
+
+def test_a_profile_covers_every_op_of_every_party_and_is_a_chrome_trace(make_cluster, tmp_path):
+    cluster = make_cluster(3)
+    x = cluster.put(0, np.float32(1.5))
+    program = cluster.compile(pipeline, x)
+    with cluster.profile() as timeline:
+        out = cluster.evaluate(pipeline, x)
+        assert [float(v) for v in cluster.fetch(out)] == [6.0, 6.0, 6.0]
+
+    spans = timeline.spans
+    for rank in range(3):
+        ran = Counter(s.args["op"] for s in spans if s.party == rank and s.category == "op")
+        assert ran == expected_ops(program, rank), f"party {rank}"
+        loop_ops = [s for s in spans if s.party == rank and "scope" in s.args]
+        assert all(len(s.args["scope"]) == 3 for s in loop_ops)
+
+    calls = [s for s in spans if s.category == "op" and s.args["kind"] == "call"]
+    runs = [s for s in spans if s.category == "run"]
+    assert sorted((s.party, s.args["op"]) for s in runs) == sorted(
+        (s.party, s.args["op"]) for s in calls
+    )
+    assert len([s for s in calls if s.name.startswith("jax.exec:")]) == 4  # 1 + 3 in the loop
+    sends = [s for s in spans if s.category == "send"]
+    receives = [s for s in spans if s.category == "recv"]
+    assert sorted((s.party, s.args["to"]) for s in sends) == [(0, 1), (1, 0), (1, 2)]
+    assert sorted((s.party, s.args["source"]) for s in receives) == [(0, 1), (1, 0), (2, 1)]
+    assert all(s.args["bytes"] == 4 for s in sends + receives)
+    caller = [s.name for s in spans if s.party == CALLER]
+    assert "evaluate" in caller and "fetch" in caller
+    for s in spans:
+        assert s.category in CATEGORIES and s.duration_ns >= 0, s
+
+    path = timeline.write(tmp_path / "trace.json")
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {
+        0: "caller",
+        1: cluster.parties[0],
+        2: cluster.parties[1],
+        3: cluster.parties[2],
+    }
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(spans)
+    for e in complete:
+        assert {"name", "cat", "ts", "dur", "pid", "tid", "args"} <= set(e)
+        assert e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] in names
+
+
+def test_the_first_run_of_a_kernel_shows_its_compile(make_cluster):
+    cluster = make_cluster(2)
+    x = cluster.put(1, np.arange(5, dtype=np.float32))
+
+    @mp.function
+    def fresh(v: mp.MPObject) -> mp.MPObject:
+        return mp.run_jax(lambda a: a * 0.5 + 7.25, v)  # a function no other test compiles
+
+    with cluster.profile() as first:
+        cluster.evaluate(fresh, x)
+    with cluster.profile() as again:
+        cluster.evaluate(fresh, x)
+    compiles = [s for s in first.spans if s.category == "compile"]
+    assert [s.party for s in compiles] == [1] and compiles[0].duration_ns > 0
+    assert not [s for s in again.spans if s.category == "compile"]
+    assert [s.party for s in again.spans if s.category == "run"] == [1]
+
+
+def test_nothing_is_recorded_outside_a_profile_block_and_failures_keep_their_spans(make_cluster):
+    cluster = make_cluster(2)
+    x = cluster.put(0, np.float32(1.0))
+    with cluster.profile() as timeline:
+        cluster.evaluate(pipeline_two, x)
+    recorded = len(timeline.spans)
+    cluster.evaluate(pipeline_two, x)
+    assert len(timeline.spans) == recorded
+
+    with cluster.profile() as failed, pytest.raises(PartyError):
+        cluster.evaluate(fails_at_one, x)
+    assert [s.party for s in failed.spans if s.category == "send"] == [0]
+
+
+@mp.function
+def pipeline_two(x: mp.MPObject) -> mp.MPObject:
+    return mp.p2p(0, 1, mp.run_jax(lambda a: a + 1, x))
+
+
+@mp.function
+def fails_at_one(x: mp.MPObject) -> mp.MPObject:
+    at_one = mp.p2p(0, 1, x)
+    return mp.run_pfunc(fail_pfunction("failed after the hop"), at_one)[0]
