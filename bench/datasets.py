@@ -1,5 +1,6 @@
 """Memory of reading a 1 GiB dataset: `mp.read` of a memory-mapped .npy at a party, next to
-loading the file on the driver and `put`ting it; peak RSS of each in a fresh process."""
+loading the file on the driver and `put`ting it; peak RSS of each in a fresh process.
+Run as `python -m bench.datasets`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+
+from bench.timing import Target, verdict
 
 SIZE_BYTES = 2**30
 TARGET = 1.5
@@ -73,21 +76,22 @@ def main() -> int:
             "mp.read of a 1 GiB .npy at the party, then a sum there",
             f"{grew_read / 2**20:.0f} MiB",
             f"{ratio_read:.2f}x the file",
-            f"{'PASS' if ratio_read <= TARGET else 'FAIL'} (<= {TARGET}x)",
         ),
         (
             "np.load on the driver, put, then the same sum (for reference)",
             f"{grew_put / 2**20:.0f} MiB",
             f"{ratio_put:.2f}x the file",
-            "",
         ),
     ]
     print("mpplug dataset memory benchmark (Simulator, peak RSS growth in a fresh process)\n")
-    print("| measurement | peak RSS growth | ratio | target |")
-    print("|---|---|---|---|")
+    print("| measurement | peak RSS growth | ratio |")
+    print("|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    return 1 if any(row[3].startswith("FAIL") for row in rows) else 0
+    target = Target(
+        f"mp.read peak RSS growth <= {TARGET}x the file", ratio_read <= TARGET, f"{ratio_read:.2f}x"
+    )
+    return verdict([target])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 the workloads and data of the SPU 0.9.5 reference script (spu_bench.py); prints one markdown
 table, and with `--spu spu.json` (that script's --json output) ratios and PASS/FAIL per target.
 
-    python bench/mpc.py [--spu /tmp/spu.json] [--quick] [--only SUBSTRING] [--json out.json]
+    python -m bench.mpc [--spu /tmp/spu.json] [--quick] [--only SUBSTRING] [--json out.json]
 
 Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held by party i % 3:
 - first: `sim.compile` (jax trace + share program + export, "trace") plus the first
@@ -24,30 +24,26 @@ rounded to the 3 significant digits SPU's JSON has). Exit code 1 when one is mis
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-# Run as a script, this file's folder comes first on sys.path and bench/simulator.py would
-# shadow the `simulator` package; drop that entry before importing it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import mpplug as mp  # noqa: E402
-from mpplug.core.graph import OpKind  # noqa: E402
+import mpplug as mp
+from bench.timing import samples
+from mpplug.core.graph import OpKind
 
 REPEATS = 3
 WARMUP = 1
@@ -227,13 +223,7 @@ def run_workload(sim: Any, w: Workload) -> Result:
     got = once()
     first = time.perf_counter() - start
     err = error(w.metric, got, w.ref)
-    for _ in range(WARMUP):
-        once()
-    walls = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        once()
-        walls.append(time.perf_counter() - t0)
+    walls = samples(once, REPEATS, WARMUP)
     return Result(
         w.name,
         trace,

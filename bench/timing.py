@@ -15,6 +15,18 @@ def median_seconds(call: Callable[[], object], repeat: int, warmup: int = 2) -> 
     return side_by_side({"call": call}, repeat, warmup, rounds=1)["call"]
 
 
+def samples(call: Callable[[], object], repeat: int, warmup: int = 0) -> list[float]:
+    """The wall time of each of `repeat` calls of `call()`, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        _ready(call())
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        _ready(call())
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def side_by_side(
     calls: dict[str, Callable[[], object]], repeat: int, warmup: int = 2, rounds: int = 5
 ) -> dict[str, float]:
