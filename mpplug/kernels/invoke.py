@@ -14,6 +14,12 @@ from mpplug.errors import ArgumentMismatchError, InvalidPFunctionError
 from mpplug.kernels.registry import REGISTRY
 from mpplug.kernels.runtime import KernelRuntime, default_runtime
 
+_JaxArray: Any
+try:  # the concrete JAX array type: arguments of exactly this type may take a direct call
+    from jax._src.array import ArrayImpl as _JaxArray
+except ImportError:  # pragma: no cover - layout of a future JAX: every call goes to the kernel
+    _JaxArray = None
+
 
 def _describe(arg: Any) -> str:
     """An argument's type as `f32[2,3]`, or as numpy spells an unsupported dtype."""
@@ -65,10 +71,33 @@ def invoke(pfunc: PFunction, *args: Any, runtime: KernelRuntime | None = None) -
 
     Returns exactly `len(pfunc.outs_info)` arrays. `runtime` is the party's state; None means
     the process's default single-party runtime.
+
+    A warm call whose arguments are all JAX arrays goes straight to the `DirectCall` the
+    kernel left in `runtime.direct_calls` (for `jax.exec`, the jitted function, where JAX
+    itself checks the arrays against the artifact); anything else is checked here first.
     """
+    if runtime is None:
+        runtime = default_runtime()
+    digest = pfunc.digest
+    direct = runtime.direct_calls.get(digest)
+    if direct is not None and len(args) == direct.n_ins:
+        for arg in args:  # inline, like the rest of this path: each Python call costs here
+            if type(arg) is not _JaxArray:
+                break
+        else:
+            try:
+                direct.touch(digest)
+            except KeyError:  # the kernel's cache dropped it since: the kernel loads it again
+                runtime.direct_calls.pop(digest, None)
+            else:
+                try:
+                    return direct.call(*args)
+                except (ValueError, TypeError):
+                    _check_arguments(pfunc, args)  # an ArgumentMismatchError if JAX refused them
+                    raise
     checked = _check_arguments(pfunc, args)
     kernel = REGISTRY.lookup(pfunc.fn_type)
-    outs = kernel(pfunc, checked, runtime or default_runtime())
+    outs = kernel(pfunc, checked, runtime)
     if len(outs) != len(pfunc.outs_info):
         raise InvalidPFunctionError(
             f"kernel {pfunc.fn_type!r} returned {len(outs)} output(s) for {pfunc.fn_name!r}, "

@@ -6,18 +6,21 @@ Each runtime deserializes and jit-compiles a body once per digest (a bounded cac
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.extend
 from jax import export as jax_export
 from jax.sharding import SingleDeviceSharding
 
 from mpplug.core import PFunction, TensorType
 from mpplug.errors import InvalidPFunctionError
 from mpplug.kernels.devices import default_export_platform, export_platform
-from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, KernelRuntime, LRUCache
+from mpplug.kernels.module_check import ModuleChecker, ModuleRefused
+from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, DirectCall, KernelRuntime, LRUCache
 
 FN_TYPE = "jax.exec"
 CACHE_NAMESPACE = "jax.exec"
@@ -41,12 +44,14 @@ except ImportError:  # pragma: no cover - layout of a future JAX
 
 @dataclass(frozen=True)
 class CompiledExport:
-    """A deserialized artifact ready to call on one runtime's device."""
+    """A deserialized artifact ready to call on one runtime's device.
 
-    call: Callable[..., Any]
+    `call(*args)` returns the flat tuple of outputs: the jitted function flattens them when it
+    is traced, and enables x64 around the call when the artifact needs it.
+    """
+
+    call: Callable[..., tuple[Any, ...]]
     exported: jax_export.Exported
-    x64: bool
-    n_outs: int
 
 
 def supported_calling_conventions() -> range:
@@ -140,31 +145,66 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
             f"party runs on {platform!r}; export with platforms=(..., {platform!r})"
         )
     _check_types(pfunc, exported)
+    if runtime.untrusted_artifacts:
+        exported = _checked_module(pfunc, exported)
     x64 = bool(pfunc.attrs.get(ATTR_X64, False)) or any(
         t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
     )
+    jitted = _jit(exported, device, len(pfunc.ins_info))
+    _lower_now(pfunc, jitted, exported, x64)
+    return CompiledExport(_with_x64(jitted) if x64 else jitted, exported)
+
+
+_CHECKER = ModuleChecker()
+"""Its helper process starts when a party first loads an artifact, and stops at exit."""
+
+
+def _serialize_with_sdy() -> bool:
+    """How JAX writes modules for this process's backend (what `jax.export` would do here)."""
+    return bool(jax.extend.backend.get_backend().serialize_with_sdy)
+
+
+def _checked_module(pfunc: PFunction, exported: jax_export.Exported) -> jax_export.Exported:
+    """`exported` with its StableHLO module as a fresh helper process parsed and wrote it
+    again, so this process never parses bytes that could crash it (see module_check)."""
+    try:
+        checked = _CHECKER.check(exported.mlir_module_serialized, with_sdy=_serialize_with_sdy())
+    except ModuleRefused as exc:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: fn_body ({len(pfunc.fn_body)} bytes) holds a StableHLO module "
+            f"this party does not load: {exc}"
+        ) from None
+    return dataclasses.replace(exported, mlir_module_serialized=checked.bytecode)
+
+
+def _jit(exported: jax_export.Exported, device: Any, n_ins: int) -> Any:
+    """`exported.call` jitted to return its outputs as one flat tuple, flattened at trace time
+    so that a warm call runs no Python of ours between the arguments and the executable."""
+
+    def flat_call(*args: Any) -> tuple[Any, ...]:
+        return tuple(jax.tree.leaves(exported.call(*args)))
+
     if device is None:
-        call = jax.jit(exported.call)
-    else:  # jit places inputs (numpy or on another device) and keeps outputs on `device`
-        sharding = SingleDeviceSharding(device)
-        call = jax.jit(
-            exported.call,
-            in_shardings=(sharding,) * len(pfunc.ins_info),
-            out_shardings=sharding,
-        )
-    _lower_now(pfunc, call, exported, x64)
-    return CompiledExport(call, exported, x64, len(pfunc.outs_info))
+        return jax.jit(flat_call)
+    sharding = SingleDeviceSharding(device)  # inputs (numpy, or on another device) move there
+    return jax.jit(flat_call, in_shardings=(sharding,) * n_ins, out_shardings=sharding)
 
 
-def _lower_now(
-    pfunc: PFunction, call: Callable[..., Any], exported: jax_export.Exported, x64: bool
-) -> None:
+def _with_x64(call: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    def call_x64(*args: Any) -> tuple[Any, ...]:
+        with jax.enable_x64(True):
+            return call(*args)
+
+    return call_x64
+
+
+def _lower_now(pfunc: PFunction, jitted: Any, exported: jax_export.Exported, x64: bool) -> None:
     """Lower once at load: the StableHLO module inside the artifact is only decoded then, so a
     corrupt module fails here as an InvalidPFunctionError rather than at every call."""
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
     try:
         with jax.enable_x64(True) if x64 else contextlib.nullcontext():
-            call.lower(*specs)  # type: ignore[attr-defined]
+            jitted.lower(*specs)
     except Exception as exc:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: fn_body ({len(pfunc.fn_body)} bytes) holds a module that does "
@@ -177,29 +217,27 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else "no detail"
 
 
-def _call(compiled: CompiledExport, args: Sequence[Any]) -> tuple[Any, ...]:
-    out = compiled.call(*args)
-    if isinstance(out, tuple) and len(out) == compiled.n_outs:
-        return out
-    return tuple(jax.tree.leaves(out))
-
-
-_PROCESS_CACHE: LRUCache[tuple[str, Any], CompiledExport] = LRUCache(DEFAULT_CACHE_SIZE)
+_PROCESS_CACHE: LRUCache[tuple[str, Any, bool], CompiledExport] = LRUCache(DEFAULT_CACHE_SIZE)
 
 
 def _shared_load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     """Runtimes of one process bound to the same device (simulated parties) share one
     compiled executable per digest instead of compiling it once each."""
-    key = (pfunc.digest, runtime.resolved_device())
+    key = (pfunc.digest, runtime.resolved_device(), runtime.untrusted_artifacts)
     return _PROCESS_CACHE.get_or_create(key, lambda: load(pfunc, runtime))
 
 
 def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> tuple[Any, ...]:
-    """The kernel: outputs stay on the runtime's device as JAX arrays."""
-    compiled: CompiledExport = runtime.cache(CACHE_NAMESPACE).get_or_create(
+    """The kernel: outputs stay on the runtime's device as JAX arrays. It offers `invoke` the
+    jitted function as the PFunction's direct call on this runtime."""
+    cache = runtime.cache(CACHE_NAMESPACE)
+    compiled: CompiledExport = cache.get_or_create(
         pfunc.digest, lambda: _shared_load(pfunc, runtime)
     )
-    if compiled.x64:
-        with jax.enable_x64(True):
-            return _call(compiled, args)
-    return _call(compiled, args)
+    if pfunc.digest not in runtime.direct_calls:
+        runtime.direct_calls[pfunc.digest] = DirectCall(
+            compiled.call, len(pfunc.ins_info), cache.touch
+        )
+        if pfunc.digest not in cache:  # evicted by another thread just before: none stale
+            runtime.direct_calls.pop(pfunc.digest, None)
+    return compiled.call(*args)

@@ -1,6 +1,7 @@
 """`KernelRuntime`: the per-party state kernels run against.
 
-Holds the party's rank, world size, bound device and bounded caches kernels keep across calls.
+Holds the party's rank, world size, bound device, the bounded caches kernels keep across calls
+and the direct calls kernels offer `invoke`.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from mpplug.kernels.datasets import Datasets
@@ -19,15 +21,23 @@ DEFAULT_CACHE_SIZE = 256
 
 
 class LRUCache(Generic[K, V]):
-    """A thread-safe, size-bounded least-recently-used cache."""
+    """A thread-safe, size-bounded least-recently-used cache; `on_evict(key)` runs for each key
+    it drops to stay within `maxsize`."""
 
-    def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE) -> None:
+    def __init__(
+        self, maxsize: int = DEFAULT_CACHE_SIZE, on_evict: Callable[[K], object] | None = None
+    ) -> None:
         if maxsize < 1:
             raise ValueError(f"expected maxsize >= 1, got {maxsize}")
         self.maxsize = maxsize
         self._data: OrderedDict[K, V] = OrderedDict()
         self._pending: dict[K, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._on_evict = on_evict
+        # touch(key): mark `key` the most recently used, or raise KeyError if it is not cached.
+        # The dict's own method, for per-call paths: atomic under the GIL, like `get_or_create`'s
+        # hot path, and no Python frame.
+        self.touch: Callable[[K], None] = self._data.move_to_end
 
     def get_or_create(self, key: K, create: Callable[[], V]) -> V:
         """The cached value for `key`; when missing, one caller creates it (outside the cache
@@ -53,7 +63,9 @@ class LRUCache(Generic[K, V]):
                     self._data[key] = value
                     self._data.move_to_end(key)
                     while len(self._data) > self.maxsize:
-                        self._data.popitem(last=False)
+                        evicted, _ = self._data.popitem(last=False)
+                        if self._on_evict is not None:
+                            self._on_evict(evicted)
             finally:
                 with self._lock:
                     if self._pending.get(key) is pending:
@@ -76,12 +88,31 @@ class LRUCache(Generic[K, V]):
             return len(self._data)
 
 
+@dataclass(frozen=True, slots=True)
+class DirectCall:
+    """How `invoke` runs one PFunction without its kernel when every argument is a JAX array.
+
+    `call(*arrays)` returns exactly the PFunction's outputs, and refuses arrays whose shapes
+    or dtypes differ from its `ins_info` with a ValueError or TypeError (the `jax.exec`
+    kernel's jitted function: JAX checks them against the artifact); `touch(digest)` marks
+    the PFunction used in the kernel's cache, and raises KeyError once that dropped it.
+    """
+
+    call: Callable[..., tuple[Any, ...]]
+    n_ins: int
+    touch: Callable[[str], None]
+
+
 class KernelRuntime:
     """One party's kernel-facing state: rank, world size, device and caches.
 
     `device` is None (the default device), a spec such as "cpu:1" or "cuda:0", or a JAX
     device; kernels resolve it with `resolved_device()`. `datasets` are what `mp.read` and
-    `mp.write` reach (default: none).
+    `mp.write` reach (default: none). `untrusted_artifacts` says programs come from callers
+    this process must survive (a party server's drivers): kernels then check what they load
+    more warily (`jax.exec` parses each module in a helper process first). `direct_calls`
+    maps a PFunction's digest to the `DirectCall` its kernel offers for it; a key one of the
+    runtime's caches evicts leaves it too, so it never outlives the kernel's cached state.
     """
 
     def __init__(
@@ -91,6 +122,7 @@ class KernelRuntime:
         device: Any = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
         datasets: Datasets | None = None,
+        untrusted_artifacts: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"expected 0 <= rank < world_size, got rank {rank} of {world_size}")
@@ -102,8 +134,10 @@ class KernelRuntime:
         self.world_size = world_size
         self.device_spec = device
         self.datasets = datasets if datasets is not None else Datasets(f"rank {rank}")
+        self.untrusted_artifacts = untrusted_artifacts
         self._cache_size = cache_size
         self._caches: dict[str, LRUCache[Any, Any]] = {}
+        self.direct_calls: dict[str, DirectCall] = {}
         self._device: Any = None
         self._lock = threading.Lock()
 
@@ -112,8 +146,13 @@ class KernelRuntime:
         found = self._caches.get(namespace)
         if found is None:
             with self._lock:
-                found = self._caches.setdefault(namespace, LRUCache(self._cache_size))
+                found = self._caches.setdefault(
+                    namespace, LRUCache(self._cache_size, self._forget_direct_call)
+                )
         return found
+
+    def _forget_direct_call(self, key: Any) -> None:
+        self.direct_calls.pop(key, None)
 
     def resolved_device(self) -> Any:
         """The bound JAX device (resolving the spec once), or None for JAX's default."""

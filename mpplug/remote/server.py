@@ -95,7 +95,12 @@ class PartyServer:
         device = self.party.device or "cpu"
         datasets = Datasets(self.party.name, self.party.data, self.party.outputs)
         self._party = Party(
-            self.rank, spec.world_size, self._comm, device=device, datasets=datasets
+            self.rank,
+            spec.world_size,
+            self._comm,
+            device=device,
+            datasets=datasets,
+            untrusted_artifacts=True,  # programs come from the network
         )
         self._watch = StreamWatch(self.limits.stream_idle_s)
         self._service = PartyServicer(

@@ -37,11 +37,14 @@ class Party:
         device: Any = None,
         program_cache_size: int = DEFAULT_PROGRAM_CACHE,
         datasets: Datasets | None = None,
+        untrusted_artifacts: bool = False,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.communicator = communicator
-        self.runtime = KernelRuntime(rank, world_size, device, datasets=datasets)
+        self.runtime = KernelRuntime(
+            rank, world_size, device, datasets=datasets, untrusted_artifacts=untrusted_artifacts
+        )
         self._programs: LRUCache[str, Interpreter] = LRUCache(program_cache_size)
 
     def has_program(self, digest: str) -> bool:

@@ -1,0 +1,260 @@
+"""A helper process that parses the StableHLO module of each new `jax.export` artifact first.
+
+MLIR's bytecode reader trusts the sizes and offsets inside the bytes it reads: a malformed
+module can crash the process that parses it (SIGSEGV, heap corruption). The party parses only
+a module that a fresh fork of the helper parsed and wrote again, so a bad one kills that fork.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+ALLOWED_CUSTOM_CALLS = frozenset(
+    {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "annotate_device_placement"}
+)
+"""Custom-call targets a party compiles: annotations only. Any other target is native code
+(a host callback, a LAPACK routine) run on buffers whose shapes the module alone declares."""
+
+CHECK_TIMEOUT_S = 120.0
+"""The longest the helper may take over one module before it is killed and the module refused."""
+
+_LENGTH = struct.Struct("<Q")
+
+
+class ModuleRefused(Exception):
+    """The module did not parse, crashed or hung the parser, or calls a target not allowed."""
+
+
+@dataclass(frozen=True)
+class CheckedModule:
+    bytecode: bytes
+    """The module as a fork of the helper wrote it again: bytes from JAX's own writer."""
+    custom_calls: tuple[str, ...]
+
+
+class ModuleChecker:
+    """The helper process (started on first use, again after it dies), one module at a time."""
+
+    def __init__(self, timeout: float = CHECK_TIMEOUT_S) -> None:
+        self.timeout = timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._registered = False
+        self._lock = threading.Lock()
+
+    def check(self, module: bytes, *, with_sdy: bool) -> CheckedModule:
+        """`module` as a fresh fork of the helper parsed and wrote it again. A module that
+        does not come back as it went in (another writer's bytes, or a corrupt module that
+        still parsed) goes round once more and must then come back unchanged, so that this
+        process reads only bytes a clean parse reproduces. `with_sdy` is the caller's
+        backend's `serialize_with_sdy`."""
+        first, targets = self._transcode(module, with_sdy)
+        if first != module:
+            again, targets = self._transcode(first, with_sdy)
+            if again != first:
+                raise ModuleRefused("written again, it does not read back as the same module")
+        disallowed = sorted(set(targets) - ALLOWED_CUSTOM_CALLS)
+        if disallowed:
+            raise ModuleRefused(
+                f"it calls custom_call target(s) {', '.join(map(repr, disallowed))}, native code "
+                f"this party does not run (it runs only {sorted(ALLOWED_CUSTOM_CALLS)})"
+            )
+        return CheckedModule(first, targets)
+
+    def _transcode(self, module: bytes, with_sdy: bool) -> tuple[bytes, tuple[str, ...]]:
+        with self._lock:
+            process = self._running()
+            assert process.stdin is not None and process.stdout is not None
+            deadline = time.monotonic() + self.timeout
+            try:
+                _write_frame(process.stdin, [module, b"sdy" if with_sdy else b""])
+                status, *parts = _read_frame(process.stdout, deadline)
+            except (OSError, EOFError, TimeoutError) as exc:
+                raise ModuleRefused(self._failure(exc)) from None
+        if status != b"ok":
+            raise ModuleRefused(parts[0].decode(errors="replace"))
+        return parts[0], tuple(p.decode(errors="replace") for p in parts[1:])
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._process is None or self._process.poll() is not None:
+            if not self._registered:
+                atexit.register(self.close)
+                self._registered = True
+            env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # never touch the party's accelerator
+            self._process = subprocess.Popen(
+                [sys.executable, "-P", "-c", f"from {__name__} import serve; serve()"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # its process group holds the forks too
+            )
+        return self._process
+
+    def _failure(self, exc: Exception) -> str:
+        """Why the helper gave no answer; it is stopped, and restarted for the next module."""
+        process = self._process
+        assert process is not None
+        self._stop()
+        if isinstance(exc, TimeoutError):
+            return f"parsing it took over {self.timeout:g}s"
+        code = process.returncode
+        if code < 0:
+            return f"it crashed the process parsing it ({signal.Signals(-code).name})"
+        return f"the process parsing it exited with code {code}"
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # the helper and any fork it has running
+        process.wait()
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+def _write_frame(stream: IO[bytes], parts: list[bytes]) -> None:
+    stream.write(_LENGTH.pack(len(parts)))
+    for part in parts:
+        stream.write(_LENGTH.pack(len(part)))
+        stream.write(part)
+    stream.flush()
+
+
+def _read_exact(stream: IO[bytes], n: int, deadline: float | None) -> bytes:
+    chunks = []
+    fd = stream.fileno()
+    while n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame(stream: IO[bytes], deadline: float | None) -> list[bytes]:
+    (count,) = _LENGTH.unpack(_read_exact(stream, _LENGTH.size, deadline))
+    parts = []
+    for _ in range(count):
+        (size,) = _LENGTH.unpack(_read_exact(stream, _LENGTH.size, deadline))
+        parts.append(_read_exact(stream, size, deadline))
+    return parts
+
+
+def _custom_calls(operation: Any) -> set[str]:
+    from jax._src.lib.mlir import ir
+
+    found = set()
+    if operation.name == "stablehlo.custom_call":
+        found.add(ir.StringAttr(operation.attributes["call_target_name"]).value)
+    for region in operation.regions:
+        for block in region:
+            for op in block:
+                found |= _custom_calls(op.operation)
+    return found
+
+
+def _transcode(module: bytes, with_sdy: bool) -> list[bytes]:
+    """Parse `module` and write it again: ("ok", bytecode, *custom-call targets)."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import _jax
+    from jax._src.lib.mlir.dialects import hlo
+
+    version = hlo.get_version_from_compatibility_requirement(
+        hlo.StablehloCompatibilityRequirement.WEEK_4
+    )
+    with mlir.make_ir_context():
+        parsed = _jax.mlir.deserialize_portable_artifact(module)
+        targets = sorted(_custom_calls(parsed.operation))
+        again = _jax.mlir.serialize_portable_artifact(parsed, version, with_sdy)
+    return [b"ok", bytes(again), *(t.encode() for t in targets)]
+
+
+def _in_fresh_fork(module: bytes, with_sdy: bool) -> list[bytes]:
+    """`_transcode` in a process forked for this module alone, so that what one malformed
+    module does to the heap cannot touch the next; a crash becomes an ("error", why) reply."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the forked child, which never returns
+        try:
+            os.close(read_end)
+            try:
+                reply = _transcode(module, with_sdy)
+            except Exception as exc:
+                lines = str(exc).strip().splitlines()
+                reply = [b"error", f"{type(exc).__name__}: {lines[0] if lines else ''}".encode()]
+            with os.fdopen(write_end, "wb") as out:
+                _write_frame(out, reply)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as replies:
+        try:
+            reply = _read_frame(replies, None)
+        except EOFError:
+            reply = []
+    _, status = os.waitpid(pid, 0)
+    if not reply:
+        why = (
+            f"it crashed the process parsing it ({signal.Signals(os.WTERMSIG(status)).name})"
+            if os.WIFSIGNALED(status)
+            else f"the process parsing it exited with code {os.WEXITSTATUS(status)}"
+        )
+        reply = [b"error", why.encode()]
+    return reply
+
+
+_WARM_UP = (
+    "module { func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {"
+    " %0 = stablehlo.add %arg0, %arg0 : tensor<4xf32> return %0 : tensor<4xf32> } }"
+)
+
+
+def _warm_up() -> None:
+    """Write and read back one module here, so that each fork starts with the parser's
+    one-time set-up done (dialects loaded) instead of repeating it."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import _jax
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import hlo
+
+    with mlir.make_ir_context():
+        version = hlo.get_version_from_compatibility_requirement(
+            hlo.StablehloCompatibilityRequirement.WEEK_4
+        )
+        module = _jax.mlir.serialize_portable_artifact(ir.Module.parse(_WARM_UP), version, True)
+    _transcode(bytes(module), True)
+
+
+def serve() -> None:
+    """The helper: warms the parser up once, then forks a fresh process for each module."""
+    _warm_up()
+
+    stdin = sys.stdin.buffer
+    stdout = os.fdopen(os.dup(1), "wb")  # replies only: whatever else prints goes to stderr
+    os.dup2(2, 1)
+    while True:
+        try:
+            module, flags = _read_frame(stdin, None)
+        except EOFError:
+            return
+        _write_frame(stdout, _in_fresh_fork(module, flags == b"sdy"))
