@@ -284,7 +284,7 @@ def test_dataset_bytes_never_pass_through_the_driver(parties: LocalParties, worl
 
         traffic.reset()
         assert float(driver.fetch(total, party="bob")) == pytest.approx(BIG.sum(dtype=np.float64))
-        assert traffic.calls["Fetch"] == 1 and traffic.received < 1000  # one f32 scalar
+        assert not traffic.calls  # the f32 scalar came back with bob's Execute reply
         assert bool(driver.fetch(written, party="bob")) is True
     saved = np.load(world.outputs("bob") / "driver_big_sum.npy")
     assert saved.shape == () and float(saved) == pytest.approx(BIG.sum(dtype=np.float64))
