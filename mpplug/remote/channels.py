@@ -28,6 +28,9 @@ def channel_options(keepalive_s: float) -> list[tuple[str, Any]]:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", keepalive_ms),
+        # grpcio waits this long (default 60 s) for a keepalive ping's ack; keepalive_timeout
+        # alone does not bound it, so a stopped party (whose kernel still ACKs TCP) goes unseen.
+        ("grpc.http2.ping_timeout_ms", keepalive_ms),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),

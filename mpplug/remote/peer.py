@@ -1,9 +1,9 @@
 """The party-to-party data plane: a gRPC `Communicator` and the peer service feeding its mailbox.
 
 A send streams the tensor straight to the destination's PeerService, which validates it and
-delivers it into that party's Mailbox; the driver never relays values. Sends in flight for an
-execution are cancelled when it is aborted, so a dead peer does not hold the party until the
-send's deadline.
+delivers it into that party's Mailbox; the driver never relays values. A send whose connection
+fails is tried again on a new one until its deadline. Sends in flight for an execution are
+cancelled when it is aborted, so a dead peer does not hold the party until the send's deadline.
 """
 
 from __future__ import annotations
@@ -52,10 +52,19 @@ _UNREACHED = (
     grpc.StatusCode.RESOURCE_EXHAUSTED,  # still busy at the deadline
 )
 
+_RETRIED = (
+    grpc.StatusCode.RESOURCE_EXHAUSTED,  # the receiver is busy
+    # The connection failed: the receiver restarted, or the connection died while the network
+    # was down and is only found dead now that it is used again. The next try dials anew. A
+    # value delivered twice goes under the same key; one left over is dropped when the
+    # execution ends.
+    grpc.StatusCode.UNAVAILABLE,
+)
+
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
-"""A send the receiver refuses as busy (RESOURCE_EXHAUSTED) is retried, waiting from
-RETRY_FIRST_S doubling up to RETRY_MAX_S between tries, until its deadline."""
+"""A send answered with one of _RETRIED is retried, waiting from RETRY_FIRST_S doubling up to
+RETRY_MAX_S between tries, until its deadline."""
 
 
 class PeerCommunicator(Communicator):
@@ -112,7 +121,7 @@ class PeerCommunicator(Communicator):
                 raise self._aborted(key) from None
             except grpc.RpcError as exc:
                 code, details = status_of(exc)
-                if code is grpc.StatusCode.RESOURCE_EXHAUSTED and self._pause(key, pause, give_up):
+                if code in _RETRIED and self._pause(key, pause, give_up):
                     pause = min(2 * pause, RETRY_MAX_S)
                     continue
                 peer = self._spec.parties[key.dst].name
