@@ -109,6 +109,21 @@ def test_health_service_reports_serving_for_the_server_and_each_service(channel)
     assert unknown.code() is grpc.StatusCode.NOT_FOUND
 
 
+def test_health_list_names_every_service_serving(channel):
+    reply = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=5.0)
+    expected = {"", *(s.full_name for s in SERVICES)}
+    assert set(reply.statuses) >= expected
+    assert all(
+        reply.statuses[name].status == health_pb2.HealthCheckResponse.SERVING for name in expected
+    )
+
+
+def test_an_error_quoting_a_huge_field_is_cut_so_the_caller_still_gets_it(stub):
+    error = _error(stub.KeepAlive, pb.KeepAliveRequest(session="x" * 70_000), timeout=5.0)
+    assert error.code() is grpc.StatusCode.NOT_FOUND  # not RESOURCE_EXHAUSTED from metadata
+    assert error.details().endswith(" characters)") and len(error.details()) < 1100
+
+
 @pytest.mark.parametrize("method", ["Check", "List", "Watch"])
 def test_undecodable_bytes_to_the_health_service_are_invalid_argument(channel, method):
     path = f"/grpc.health.v1.Health/{method}"

@@ -130,8 +130,16 @@ def handle_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+MAX_DETAILS_CHARS = 1024
+"""Error messages quote what the caller sent; cut there, a status stays within the caller's
+16 KiB metadata limit (it would otherwise see RESOURCE_EXHAUSTED instead of the answer)."""
+
+
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, exc: Exception) -> NoReturn:
-    context.abort(code, str(exc))
+    message = str(exc)
+    if len(message) > MAX_DETAILS_CHARS:
+        message = f"{message[:MAX_DETAILS_CHARS]}... ({len(message)} characters)"
+    context.abort(code, message)
     raise AssertionError("unreachable: context.abort raises")
 
 

@@ -48,6 +48,23 @@ UPKEEP_MAX_S = 1.0
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
 
+class HealthServicer(health.HealthServicer):
+    """grpc's health service with List answered: grpcio-health-checking leaves List to the
+    generated base class, which answers UNIMPLEMENTED and logs a traceback on every call."""
+
+    def List(
+        self, request: health_pb2.HealthListRequest, context: grpc.ServicerContext
+    ) -> health_pb2.HealthListResponse:
+        with self._lock:
+            statuses = dict(self._server_status)
+        return health_pb2.HealthListResponse(
+            statuses={
+                name: health_pb2.HealthCheckResponse(status=status)
+                for name, status in statuses.items()
+            }
+        )
+
+
 class PartyServer:
     """Party `party` of `spec`, listening on its `listen` address.
 
@@ -112,7 +129,7 @@ class PartyServer:
             watch=self._watch,
             session_idle_timeout=session_idle_timeout,
         )
-        self._health = health.HealthServicer()
+        self._health = HealthServicer()
         self._server: grpc.Server | None = None
         self._port: int | None = None
         self._stopped = threading.Event()
