@@ -52,6 +52,7 @@ from mpplug.remote.launch import LocalParties
 from mpplug.remote.rpc import WIRE_VERSION, raw_stub, status_of
 from mpplug.remote.server import UPKEEP_MAX_S
 from mpplug.remote.service import MAX_FETCH_NAMES, MAX_TIMEOUT_S
+from mpplug.remote.streaming import varint
 from mpplug.remote.tls import channel_credentials
 
 DEFAULT_REQUESTS = 10_000
@@ -149,16 +150,6 @@ HEALTH_SERVICES = ("", "mpplug.PartyService", "mpplug.PeerService", "nope", "x" 
 
 
 # -- wire helpers --------------------------------------------------------------------------
-def varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def length_field(number: int, data: bytes) -> bytes:
     return varint(number << 3 | 2) + varint(len(data)) + data
 

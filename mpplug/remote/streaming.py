@@ -69,10 +69,13 @@ def _data_field(part: memoryview) -> tuple[bytes, memoryview] | tuple[()]:
 
 def _field_key(number: int, length: int) -> bytes:
     """The tag and length that open a length-delimited protobuf field."""
-    return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(length)
+    return varint(number << 3 | _LENGTH_DELIMITED) + varint(length)
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """A protobuf base-128 varint; a negative value as its 64-bit two's complement, as
+    protobuf writes int64."""
+    value &= (1 << 64) - 1
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
