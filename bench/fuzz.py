@@ -620,6 +620,7 @@ class Fuzzer:
             "PartyService/PutSmall": lambda party: self._put(party, small=True),
             "PartyService/LoadProgram": self._load_program,
             "PartyService/Execute": self._execute,
+            "PartyService/ExecuteStream": self._execute_stream,
             "PartyService/Abort": self._abort,
             "PartyService/Fetch": self._fetch,
             "PartyService/FetchMany": self._fetch_many,
@@ -839,6 +840,25 @@ class Fuzzer:
 
         return (self._unary(party, "PartyService/Execute", valid, targeted),)
 
+    def _execute_stream(self, party: int) -> Case:
+        """A stream of Execute requests (fuzzed as Execute's are), maybe left open."""
+        messages = []
+        for _ in range(self.rng.randrange(1, 5)):
+            (call,) = self._execute(party)
+            messages.append(call.messages[0])
+        stall = self.rng.random() < 0.1
+        return (
+            Call(
+                party,
+                "PartyService/ExecuteStream",
+                tuple(messages),
+                f"{len(messages)} execute requests" + (", left open" if stall else ""),
+                self._identity(DRIVER),
+                stall=stall,
+                may_wait=any(_may_wait_execute(m) for m in messages),
+            ),
+        )
+
     def _abort(self, party: int) -> Case:
         valid = pb.AbortRequest(session=self.session, exec_id=random_id(self.rng), reason="fuzz")
 
@@ -1054,6 +1074,13 @@ class Runner:
         start = time.monotonic()
         reply = None
         try:
+            if method.client_streaming and method.server_streaming:
+                release = threading.Event()
+                try:
+                    replies = list(stub(_stalling(call.messages, release, call.stall), **options))
+                finally:
+                    release.set()
+                return _stream_result(call, replies, time.monotonic() - start)
             if method.client_streaming:
                 release = threading.Event()
                 try:
@@ -1081,6 +1108,32 @@ class Runner:
         if kind in (UNTYPED, HANG) and self.parties.processes[name].poll() is not None:
             kind = CRASH
         return Result(call, kind, code.name, details, time.monotonic() - start)
+
+
+def _stream_result(call: Call, replies: list[bytes], seconds: float) -> Result:
+    """An ExecuteStream that ended OK: untyped if a reply is, or one is missing or unmatched."""
+    sent = sorted(pb.ExecuteRequest.FromString(m).exec_id for m in call.messages if _decodes(m))
+    answers = [pb.ExecuteReply.FromString(reply) for reply in replies]
+    untyped = [
+        a.refused.message
+        for a in answers
+        if a.WhichOneof("outcome") == "refused"
+        and (a.refused.code == "UNKNOWN" or any(s in a.refused.message for s in UNTYPED_SIGNS))
+    ]
+    answered = sorted(a.exec_id for a in answers)
+    if untyped or answered != sent:
+        details = untyped[0] if untyped else f"replies for {answered}"
+        return Result(call, UNTYPED, "OK", f"{details}; sent {sent}", seconds)
+    outcomes = sorted({a.WhichOneof("outcome") or "none" for a in answers})
+    return Result(call, OK, f"OK {'+'.join(outcomes)}", "", seconds)
+
+
+def _decodes(message: bytes) -> bool:
+    try:
+        pb.ExecuteRequest.FromString(message)
+    except DecodeError:
+        return False
+    return True
 
 
 def _answer(call: Call, reply: bytes | None) -> str:

@@ -21,7 +21,7 @@ import yaml
 import mpplug as mp
 from bench.load import remote_load, simulator_load
 from bench.loops import TARGET_RATIO, loop_rows
-from bench.timing import Target, median_seconds, side_by_side, verdict
+from bench.timing import Target, side_by_side, verdict
 from mpplug.config import ClusterSpec
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
@@ -190,7 +190,9 @@ def main() -> int:
             with Driver(config, timeout=60.0) as driver:
                 rows += transfer_rows(driver, targets)
                 driver_times = round_trips(driver)
-                for measurement, loop, unrolled, ratio, value in loop_rows(driver, "3 parties over gRPC"):
+                for measurement, loop, unrolled, ratio, value in loop_rows(
+                    driver, "3 parties over gRPC"
+                ):
                     rows.append((measurement, loop, unrolled, ratio))
                     if value is not None:
                         targets.append(

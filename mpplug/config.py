@@ -131,7 +131,10 @@ class ServerLimits:
     - `workers`: threads serving calls; `max_rpcs`: calls at once, queued ones included
       (gRPC refuses more).
     - `sessions`: open sessions.
-    - `executes`: Execute calls running at once.
+    - `executes`: executions running at once (Execute calls and requests on execution
+      streams together).
+    - `execute_streams`: ExecuteStream calls open at once; each holds a thread while open
+      (a driver refused one sends Execute calls instead).
     - `uploads`: Put and LoadProgram streams at once; `downloads`: Fetch streams at once.
     - `peer_streams`: Send streams from other parties at once.
     - `stream_idle_s`: a stream that moves no message for this long is cancelled.
@@ -141,10 +144,11 @@ class ServerLimits:
       this long after the first of them arrives.
     """
 
-    workers: int = 64
+    workers: int = 96
     max_rpcs: int = 256
     sessions: int = 1024
     executes: int = 16
+    execute_streams: int = 16
     uploads: int = 8
     downloads: int = 8
     peer_streams: int = 20
@@ -158,6 +162,7 @@ class ServerLimits:
             "max_rpcs": self.max_rpcs,
             "sessions": self.sessions,
             "executes": self.executes,
+            "execute_streams": self.execute_streams,
             "uploads": self.uploads,
             "downloads": self.downloads,
             "peer_streams": self.peer_streams,
@@ -172,11 +177,14 @@ class ServerLimits:
         ]:
             if not (seconds > 0 and math.isfinite(seconds)):
                 raise ConfigError(f"ServerLimits.{name}: expected seconds > 0, got {seconds!r}")
-        held = self.executes + self.uploads + self.downloads + self.peer_streams
+        held = (
+            self.executes + self.execute_streams + self.uploads + self.downloads + self.peer_streams
+        )
         if held + MIN_FREE_WORKERS > self.workers:
             raise ConfigError(
-                f"ServerLimits: executes + uploads + downloads + peer_streams = {held} must "
-                f"leave {MIN_FREE_WORKERS} of the {self.workers} workers free for short calls"
+                f"ServerLimits: executes + execute_streams + uploads + downloads + peer_streams "
+                f"= {held} must leave {MIN_FREE_WORKERS} of the {self.workers} workers free "
+                f"for short calls"
             )
         if self.max_rpcs < self.workers:
             raise ConfigError(

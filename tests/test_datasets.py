@@ -204,6 +204,11 @@ class _Traffic:
             else:
                 self.received += size
 
+    def counting(self, method: str, messages: Iterator[Any]) -> Iterator[Any]:
+        for message in messages:
+            self.count(method)
+            yield message
+
     def outgoing(self, request: Any) -> Any:
         if _is_message(request):
             self.add(request, sent=True)
@@ -249,6 +254,8 @@ class _Metered:
         class Method:
             def __call__(self, request: Any, *args: Any, **kwargs: Any) -> Any:
                 traffic.count(name)
+                if name == "ExecuteStream":  # each execution sent on it counts as an Execute
+                    request = traffic.counting("Execute", request)
                 return traffic.incoming(method(traffic.outgoing(request), *args, **kwargs))
 
             def future(self, request: Any, *args: Any, **kwargs: Any) -> Any:

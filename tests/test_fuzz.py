@@ -33,6 +33,7 @@ REACHED = (
     "PartyService/PutSmall",
     "PartyService/LoadProgram",
     "PartyService/Execute",
+    "PartyService/ExecuteStream",
     "PartyService/Status",
     "PeerService/SendSmall",
     "Health/Check",

@@ -133,10 +133,10 @@ def test_executions_over_the_limit_are_refused_while_peers_and_health_still_answ
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
-        ({"executes": 40, "peer_streams": 20}, "must leave 8 of the 64 workers free"),
+        ({"executes": 60, "peer_streams": 20}, "must leave 8 of the 96 workers free"),
         ({"uploads": 0}, "uploads: expected a positive int, got 0"),
         ({"stream_idle_s": float("inf")}, "stream_idle_s: expected seconds > 0"),
-        ({"max_rpcs": 10}, "max_rpcs: expected at least workers (64), got 10"),
+        ({"max_rpcs": 10}, "max_rpcs: expected at least workers (96), got 10"),
     ],
 )
 def test_limits_that_would_let_one_kind_of_call_starve_the_rest_are_refused(limits, message):

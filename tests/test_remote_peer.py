@@ -182,14 +182,13 @@ def test_another_session_cannot_abort_an_execution_of_the_same_id():
     spec = ClusterSpec.local(2)
     with in_process(spec), Driver(spec, timeout=10.0) as owner, Driver(spec, timeout=10.0) as other:
         started: list[str] = []
-        for stub in owner._stubs:
-            execute = stub.Execute
+        send_execute = owner._send_execute
 
-            def spying(request: pb.ExecuteRequest, *, execute=execute, **kwargs: object) -> object:
-                started.append(request.exec_id)
-                return execute(request, **kwargs)
+        def spying(attempt) -> None:
+            started.append(attempt.request.exec_id)
+            send_execute(attempt)
 
-            stub.Execute = spying
+        owner._send_execute = spying
         x = owner.put(0, np.float32(7.0))
         outcome: list[object] = []
         running = threading.Thread(

@@ -122,12 +122,14 @@ class ExecuteRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., exec_id: _Optional[str] = ..., digest: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., timeout: _Optional[float] = ..., release: _Optional[_Iterable[str]] = ..., profile: _Optional[bool] = ..., inline_max_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecuteReply(_message.Message):
-    __slots__ = ("completed", "party_error", "comm_timeout", "aborted", "unavailable", "spans", "values")
+    __slots__ = ("completed", "party_error", "comm_timeout", "aborted", "unavailable", "refused", "exec_id", "spans", "values")
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     PARTY_ERROR_FIELD_NUMBER: _ClassVar[int]
     COMM_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     ABORTED_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    EXEC_ID_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     completed: Completed
@@ -135,9 +137,11 @@ class ExecuteReply(_message.Message):
     comm_timeout: CommTimeout
     aborted: Aborted
     unavailable: Unavailable
+    refused: Refused
+    exec_id: str
     spans: _containers.RepeatedCompositeFieldContainer[ProfileSpan]
     values: _containers.RepeatedCompositeFieldContainer[InlineValue]
-    def __init__(self, completed: _Optional[_Union[Completed, _Mapping]] = ..., party_error: _Optional[_Union[PartyFailure, _Mapping]] = ..., comm_timeout: _Optional[_Union[CommTimeout, _Mapping]] = ..., aborted: _Optional[_Union[Aborted, _Mapping]] = ..., unavailable: _Optional[_Union[Unavailable, _Mapping]] = ..., spans: _Optional[_Iterable[_Union[ProfileSpan, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[InlineValue, _Mapping]]] = ...) -> None: ...
+    def __init__(self, completed: _Optional[_Union[Completed, _Mapping]] = ..., party_error: _Optional[_Union[PartyFailure, _Mapping]] = ..., comm_timeout: _Optional[_Union[CommTimeout, _Mapping]] = ..., aborted: _Optional[_Union[Aborted, _Mapping]] = ..., unavailable: _Optional[_Union[Unavailable, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., exec_id: _Optional[str] = ..., spans: _Optional[_Iterable[_Union[ProfileSpan, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[InlineValue, _Mapping]]] = ...) -> None: ...
 
 class ProfileSpan(_message.Message):
     __slots__ = ("name", "category", "start_ns", "duration_ns", "args_json")
@@ -178,6 +182,16 @@ class PartyFailure(_message.Message):
     error_type: str
     message: str
     def __init__(self, party: _Optional[int] = ..., op: _Optional[str] = ..., error_type: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Refused(_message.Message):
+    __slots__ = ("code", "message", "missing")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    missing: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., missing: _Optional[str] = ...) -> None: ...
 
 class CommTimeout(_message.Message):
     __slots__ = ("party", "peer", "key", "timeout")

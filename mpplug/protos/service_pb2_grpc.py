@@ -76,6 +76,11 @@ class PartyServiceStub:
                 request_serializer=mpplug_dot_protos_dot_service__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=mpplug_dot_protos_dot_service__pb2.ExecuteReply.FromString,
                 _registered_method=True)
+        self.ExecuteStream = channel.stream_stream(
+                '/mpplug.PartyService/ExecuteStream',
+                request_serializer=mpplug_dot_protos_dot_service__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=mpplug_dot_protos_dot_service__pb2.ExecuteReply.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/mpplug.PartyService/Abort',
                 request_serializer=mpplug_dot_protos_dot_service__pb2.AbortRequest.SerializeToString,
@@ -169,6 +174,17 @@ class PartyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteStream(self, request_iterator, context):
+        """Execute, many times over one long-lived call: each request is answered by one reply
+        naming its exec_id, in the order executions end, with what Execute would answer
+        (a refusal in `refused`). Cheaper per execution than a call each; a party serves a
+        limited number at once (RESOURCE_EXHAUSTED before reading any request), and a driver
+        refused one uses Execute. Executions still running when the call ends are aborted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Wake every receive of an execution with ExecutionAborted (another party failed).
         """
@@ -254,6 +270,11 @@ def add_PartyServiceServicer_to_server(servicer, server):
             ),
             'Execute': grpc.unary_unary_rpc_method_handler(
                     servicer.Execute,
+                    request_deserializer=mpplug_dot_protos_dot_service__pb2.ExecuteRequest.FromString,
+                    response_serializer=mpplug_dot_protos_dot_service__pb2.ExecuteReply.SerializeToString,
+            ),
+            'ExecuteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecuteStream,
                     request_deserializer=mpplug_dot_protos_dot_service__pb2.ExecuteRequest.FromString,
                     response_serializer=mpplug_dot_protos_dot_service__pb2.ExecuteReply.SerializeToString,
             ),
@@ -504,6 +525,33 @@ class PartyService:
             request,
             target,
             '/mpplug.PartyService/Execute',
+            mpplug_dot_protos_dot_service__pb2.ExecuteRequest.SerializeToString,
+            mpplug_dot_protos_dot_service__pb2.ExecuteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/mpplug.PartyService/ExecuteStream',
             mpplug_dot_protos_dot_service__pb2.ExecuteRequest.SerializeToString,
             mpplug_dot_protos_dot_service__pb2.ExecuteReply.FromString,
             options,

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +60,12 @@ from mpplug.kernels.devices import parse_device_spec
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import keepalive_for, open_channel
+from mpplug.remote.executions import ExecuteStream, Outcome, StreamFailure
 from mpplug.remote.outcomes import inline_values, reply_error, reply_spans
 from mpplug.remote.rpc import (
     WIRE_VERSION,
     describe_version,
+    failure_of,
     missing_of,
     raw_stub,
     rpc_failure,
@@ -98,6 +102,10 @@ INLINE_MAX_BYTES = 4096
 """Outputs up to this size come back with the Execute reply and are kept here until their
 handle is dropped, so fetching a small result costs no call (the driver may fetch any value
 of its session anyway)."""
+
+STREAM_RETRY_S = 30.0
+"""Seconds a driver sends Execute calls to a party that refused it an execution stream
+(all of them taken) before it asks for one again."""
 
 RELEASE_FLUSH = 256
 """Dropped handles waiting for one party before they go to it in a Release call of their own."""
@@ -147,6 +155,8 @@ class Driver(Cluster):
         self._released: collections.deque[tuple[tuple[str, ...], PartySet]] = collections.deque()
         self._unreleased: list[list[str]] = [[] for _ in spec.parties]
         self._in_flight: set[grpc.Future] = set()
+        self._execute_streams: list[ExecuteStream | None] = [None for _ in spec.parties]
+        self._streams_refused_until = [0.0 for _ in spec.parties]
         self._release_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(
             EXECUTE_THREADS_PER_PARTY * spec.world_size, thread_name_prefix="mpplug-driver"
@@ -163,6 +173,7 @@ class Driver(Cluster):
             self._stop_keepalive,
             self._pool,
             list(self._channels),
+            self._execute_streams,
         )
         try:
             idle_timeouts = self._open_sessions()
@@ -423,41 +434,101 @@ class Driver(Cluster):
         """
         execution = _Execution(ranks)
         for rank in ranks:
-            self._pool.submit(self._execute_on, rank, program, request, execution)
+            mine = pb.ExecuteRequest(release=self._releases_for(rank))
+            mine.MergeFrom(request)
+            self._send_execute(_Attempt(rank, program, mine, execution))
         errors = execution.wait(ABORT_GRACE, self.execute_timeout + self.timeout)
+        for rank in execution.unreported():
+            stream = self._execute_streams[rank]
+            if stream is not None:
+                stream.forget(request.exec_id)
         for rank in execution.silent():  # only if calls could not even start in time
             errors[rank] = PartyUnavailableError(
                 self._party_names[rank], f"no answer to Execute within {self.execute_timeout:g}s"
             )
         return errors
 
-    def _execute_on(
-        self, rank: int, program: Program, request: pb.ExecuteRequest, execution: _Execution
-    ) -> None:
-        """Run `request` on party `rank` (a blocking call on a pool thread: gRPC futures
-        would start a thread per call) and report how it ended; a party that lost the
-        program gets it again and is asked once more."""
-        mine = pb.ExecuteRequest(release=self._releases_for(rank))
-        mine.MergeFrom(request)
-        party = self._party_names[rank]
-        error: MPPlugError | None
+    def _send_execute(self, attempt: _Attempt) -> None:
+        """Send one party its share: on the party's execution stream, or as a call of its own
+        if the party refused the stream."""
+        attempt.start_ns = time.time_ns()
+        stream = self._stream_to(attempt.rank)
+        settle = functools.partial(self._settled, attempt)
+        if stream is None or not stream.submit(attempt.request, settle):
+            if stream is not None and stream.failure is not None:
+                self._note_refusal(attempt.rank, stream.failure)
+            self._pool.submit(self._execute_call, attempt)
+
+    def _stream_to(self, rank: int) -> ExecuteStream | None:
+        """Party `rank`'s execution stream, opened on first use and again after it ended;
+        None for STREAM_RETRY_S after the party refused one."""
+        stream = self._execute_streams[rank]
+        if stream is not None and stream.open:
+            return stream
+        if time.monotonic() < self._streams_refused_until[rank]:
+            return None
+        with self._release_lock:
+            stream = self._execute_streams[rank]
+            if stream is None or not stream.open:
+                stream = ExecuteStream(
+                    self._streams[rank].ExecuteStream,
+                    f"mpplug-driver-{self._party_names[rank]}-executions",
+                )
+                self._execute_streams[rank] = stream
+        return stream
+
+    def _note_refusal(self, rank: int, failure: StreamFailure) -> bool:
+        """Whether `failure` is the party refusing a stream; if so, none is asked of it for
+        STREAM_RETRY_S."""
+        if failure.refused:
+            self._streams_refused_until[rank] = time.monotonic() + STREAM_RETRY_S
+        return failure.refused
+
+    def _execute_call(self, attempt: _Attempt) -> None:
+        """Send one party its share as an Execute call (a blocking call on a pool thread:
+        gRPC futures would start a thread per call)."""
         try:
-            start_ns = time.time_ns()
-            try:
-                reply = self._stubs[rank].Execute(mine, timeout=self.execute_timeout)
-            except grpc.RpcError as exc:
-                if missing_of(exc) != "program":
-                    raise
-                self._ship_to(program, rank)  # the party restarted or evicted the program
-                start_ns = time.time_ns()
-                reply = self._stubs[rank].Execute(mine, timeout=self.execute_timeout)
-            error = self._take_reply(rank, reply, start_ns)
+            reply = self._stubs[attempt.rank].Execute(attempt.request, timeout=self.execute_timeout)
         except grpc.RpcError as exc:
-            error = rpc_failure(exc, party, "Execute")
+            code, details = status_of(exc)
+            refused = pb.Refused(code=code.name, message=details, missing=missing_of(exc) or "")
+            reply = pb.ExecuteReply(refused=refused)
+        self._settled(attempt, reply)
+
+    def _settled(self, attempt: _Attempt, outcome: Outcome) -> None:
+        """How one party's share ended: an error refusing the stream or naming a program the
+        party lost (it restarted or evicted it) sends the share again; otherwise it is
+        reported, and the execution's first failure aborts it everywhere."""
+        rank, party = attempt.rank, self._party_names[attempt.rank]
+        error: MPPlugError | None
+        if isinstance(outcome, StreamFailure):
+            if self._note_refusal(rank, outcome):
+                self._pool.submit(self._execute_call, attempt)
+                return
+            error = failure_of(outcome.code, outcome.details, None, party, "Execute")
+        elif outcome.WhichOneof("outcome") == "refused":
+            refused = outcome.refused
+            if refused.missing == "program" and not attempt.reshipped:
+                self._pool.submit(self._reship, attempt)
+                return
+            code = getattr(grpc.StatusCode, refused.code, grpc.StatusCode.UNKNOWN)
+            error = failure_of(code, refused.message, refused.missing, party, "Execute")
+        else:
+            error = self._take_reply(rank, outcome, attempt.start_ns)
+        if attempt.execution.report(rank, error):
+            self._abort(attempt.request, attempt.execution.ranks, f"party {party} failed")
+
+    def _reship(self, attempt: _Attempt) -> None:
+        """Send the program again to a party that lost it, then its share once more."""
+        try:
+            self._ship_to(attempt.program, attempt.rank)
         except MPPlugError as exc:
-            error = exc
-        if execution.report(rank, error):
-            self._abort(request, execution.ranks, f"party {party} failed")
+            if attempt.execution.report(attempt.rank, exc):
+                party = self._party_names[attempt.rank]
+                self._abort(attempt.request, attempt.execution.ranks, f"party {party} failed")
+            return
+        attempt.reshipped = True
+        self._send_execute(attempt)
 
     def _take_reply(self, rank: int, reply: pb.ExecuteReply, start_ns: int) -> MPPlugError | None:
         """The error a reply carries; its spans go to the timeline, its outputs to the cache."""
@@ -503,11 +574,15 @@ def _shut_down(
     stop_keepalive: threading.Event,
     pool: ThreadPoolExecutor,
     channels: Sequence[grpc.Channel],
+    execute_streams: Sequence[ExecuteStream | None],
 ) -> None:
-    """Stop the keepalive, close the session on every party (best effort: a party that is
-    down has dropped it, one that does not answer drops it when its lease runs out) and
-    close the channels."""
+    """Stop the keepalive, end the execution streams, close the session on every party (best
+    effort: a party that is down has dropped it, one that does not answer drops it when its
+    lease runs out) and close the channels."""
     stop_keepalive.set()
+    for stream in execute_streams:
+        if stream is not None:
+            stream.close()
     request = pb.CloseSessionRequest(session=session)
     for call in [stub.CloseSession.future(request, timeout=timeout) for stub in stubs]:
         _settle(call)
@@ -520,6 +595,18 @@ def _settle(call: grpc.Future) -> None:
     """Wait for a call whose outcome does not matter."""
     with contextlib.suppress(grpc.FutureCancelledError):
         call.exception()
+
+
+@dataclass
+class _Attempt:
+    """One party's share of an execution, as sent to it."""
+
+    rank: int
+    program: Program
+    request: pb.ExecuteRequest
+    execution: _Execution
+    reshipped: bool = False
+    start_ns: int = 0
 
 
 class _Execution:
@@ -557,6 +644,11 @@ class _Execution:
                     break
                 self._cond.wait(left)
             return dict(self._errors)
+
+    def unreported(self) -> list[int]:
+        """The ranks that have not reported."""
+        with self._cond:
+            return sorted(self._pending)
 
     def silent(self) -> list[int]:
         """The ranks that have not reported, if no rank failed."""

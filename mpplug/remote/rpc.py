@@ -30,7 +30,7 @@ from mpplug.errors import (
 from mpplug.runtime.communicator import MailboxFull
 from mpplug.runtime.party import UnknownProgramError
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 """The version of the messages drivers and parties exchange, checked both ways when a session
 opens; bump it whenever a message changes meaning, so that sides of different releases refuse
 each other rather than misread each other."""
@@ -105,6 +105,39 @@ def check_name(value: str, field: str) -> str:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+REFUSALS = (
+    NotFound,
+    UnknownProgramError,
+    Forbidden,
+    VersionMismatch,
+    Exhausted,
+    MailboxFull,
+    BadRequest,
+    WireError,
+    InvalidProgramError,
+)
+"""The typed errors a servicer method refuses a request with (see `refusal_of`)."""
+
+
+def refusal_of(exc: Exception) -> tuple[grpc.StatusCode, str, str]:
+    """The status code, message (cut to MAX_DETAILS_CHARS) and missing thing ("" unless
+    NOT_FOUND) that one of REFUSALS is answered with."""
+    missing = ""
+    if isinstance(exc, NotFound):
+        code, missing = grpc.StatusCode.NOT_FOUND, exc.missing
+    elif isinstance(exc, UnknownProgramError):
+        code, missing = grpc.StatusCode.NOT_FOUND, "program"
+    elif isinstance(exc, Forbidden):
+        code = grpc.StatusCode.PERMISSION_DENIED
+    elif isinstance(exc, VersionMismatch):
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    elif isinstance(exc, (Exhausted, MailboxFull)):
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    else:
+        code = grpc.StatusCode.INVALID_ARGUMENT
+    return code, _cut(str(exc)), missing
+
+
 def handle_errors(method: F) -> F:
     """Map the typed errors a servicer method raises to gRPC status codes."""
 
@@ -112,20 +145,11 @@ def handle_errors(method: F) -> F:
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except NotFound as exc:
-            context.set_trailing_metadata(((MISSING_KEY, exc.missing),))
-            _abort(context, grpc.StatusCode.NOT_FOUND, exc)
-        except UnknownProgramError as exc:
-            context.set_trailing_metadata(((MISSING_KEY, "program"),))
-            _abort(context, grpc.StatusCode.NOT_FOUND, exc)
-        except Forbidden as exc:
-            _abort(context, grpc.StatusCode.PERMISSION_DENIED, exc)
-        except VersionMismatch as exc:
-            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, exc)
-        except (Exhausted, MailboxFull) as exc:
-            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, exc)
-        except (BadRequest, WireError, InvalidProgramError) as exc:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc)
+        except REFUSALS as exc:
+            code, message, missing = refusal_of(exc)
+            if missing:
+                context.set_trailing_metadata(((MISSING_KEY, missing),))
+            context.abort(code, message)
 
     return wrapper  # type: ignore[return-value]
 
@@ -135,11 +159,14 @@ MAX_DETAILS_CHARS = 1024
 16 KiB metadata limit (it would otherwise see RESOURCE_EXHAUSTED instead of the answer)."""
 
 
-def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, exc: Exception) -> NoReturn:
-    message = str(exc)
+def _cut(message: str) -> str:
     if len(message) > MAX_DETAILS_CHARS:
-        message = f"{message[:MAX_DETAILS_CHARS]}... ({len(message)} characters)"
-    context.abort(code, message)
+        return f"{message[:MAX_DETAILS_CHARS]}... ({len(message)} characters)"
+    return message
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, exc: Exception) -> NoReturn:
+    context.abort(code, _cut(str(exc)))
     raise AssertionError("unreachable: context.abort raises")
 
 
@@ -253,15 +280,23 @@ def status_of(exc: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
 
 
 def rpc_failure(exc: grpc.RpcError, party: str, method: str) -> MPPlugError:
-    """The typed error for a failed call to `party`: PartyUnavailableError when it cannot be
-    reached, did not answer in time or lost our session (it restarted); MPPlugError otherwise."""
+    """The typed error for a failed call to `party` (see `failure_of`)."""
     code, details = status_of(exc)
+    return failure_of(code, details, missing_of(exc), party, method)
+
+
+def failure_of(
+    code: grpc.StatusCode, details: str, missing: str | None, party: str, method: str
+) -> MPPlugError:
+    """The typed error for `party` answering `method` with status `code`:
+    PartyUnavailableError when it cannot be reached, did not answer in time or lost our
+    session (it restarted); MPPlugError otherwise."""
     if code is grpc.StatusCode.UNAVAILABLE:
         return PartyUnavailableError(party, f"{method} failed: {details}")
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return PartyUnavailableError(party, f"{method} got no answer before its deadline")
     if code is grpc.StatusCode.FAILED_PRECONDITION:
         return WireVersionError(details)
-    if missing_of(exc) == "session":
+    if missing == "session":
         return PartyUnavailableError(party, f"{method}: {details} (did the party restart?)")
     return MPPlugError(f"party {party} refused {method}: {code.name}: {details}")

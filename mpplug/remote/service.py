@@ -13,7 +13,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -26,6 +27,7 @@ from mpplug.errors import DatasetError
 from mpplug.kernels.registry import REGISTRY
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
+from mpplug.remote.executions import ExecutionStream, OnCallEnd
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.outcomes import (
     COMPLETED,
@@ -75,7 +77,7 @@ driver (as a PutSmall or LoadProgramSmall, read whole before it runs, takes no u
 class PartyServicer(rpc_pb.PartyServiceServicer):
     """Serves one party's sessions to drivers."""
 
-    RAW_REQUESTS = ("Put", "PutSmall", "LoadProgram", "LoadProgramSmall")
+    RAW_REQUESTS = ("Put", "PutSmall", "LoadProgram", "LoadProgramSmall", "ExecuteStream")
     """Methods that read their chunk messages themselves (streaming.read_chunks)."""
 
     ANY_MEMBER = ("Status",)
@@ -99,6 +101,10 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         self._comm = comm
         self._sessions = Sessions(limits.sessions, session_idle_timeout)
         self._executes = Slots("executions", limits.executes)
+        self._execute_streams = Slots("execution streams", limits.execute_streams)
+        self._stream_runs = ThreadPoolExecutor(
+            limits.executes, thread_name_prefix=f"mpplug-{self.name}-execute"
+        )
         self._uploads = Slots("value and program uploads", limits.uploads)
         self._downloads = Slots("value downloads", limits.downloads)
         self._watch = watch
@@ -221,6 +227,24 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
 
     @handle_errors
     def Execute(self, request: pb.ExecuteRequest, context: grpc.ServicerContext) -> pb.ExecuteReply:
+        self._executes.take()
+        try:
+            return self.execute(request, lambda abort: _on_call_end(context, abort))
+        finally:
+            self._executes.give_back()
+
+    @handle_errors
+    def ExecuteStream(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        self._execute_streams.hold_for(context)
+        stream = ExecutionStream(self.execute, self._executes, self._stream_runs, context)
+        return stream.replies(requests)
+
+    def execute(self, request: pb.ExecuteRequest, on_end: OnCallEnd) -> pb.ExecuteReply:
+        """Run one Execute request, an execution slot held by the caller; `on_end(abort)`
+        has `abort` called if the call carrying the request ends first. Raises one of
+        REFUSALS for a request refused before it runs."""
         session = self._sessions.get(request.session)
         session.release(request.release)
         exec_id = check_id(request.exec_id, "exec_id")
@@ -244,16 +268,13 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         inputs = self._inputs(session, list(request.inputs), interpreter.input_ops)
         run_id = scoped_id(session.id, exec_id)
         recorder = Recorder(self._party.rank) if request.profile else None
-        self._executes.take()
         try:
-            values = self._run(request.digest, run_id, inputs, request.timeout, context, recorder)
+            values = self._run(request.digest, run_id, inputs, request.timeout, on_end, recorder)
         except EXECUTION_ERRORS as exc:
             reply = failure_reply(exc)
             if recorder is not None:
                 add_spans(reply, recorder.spans)
             return reply
-        finally:
-            self._executes.give_back()
         held = [
             (name, value) for name, value in zip(outputs, values, strict=True) if value is not None
         ]
@@ -273,7 +294,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         run_id: str,
         inputs: list[Any],
         timeout: float,
-        context: grpc.ServicerContext,
+        on_end: OnCallEnd,
         recorder: Recorder | None,
     ) -> list[Any]:
         """Run one execution (`run_id` as `scoped_id` makes it); if its call ends first (the
@@ -288,12 +309,13 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             if not finished.is_set():
                 self._abort(run_id, "the driver cancelled the execution")
 
-        context.add_callback(on_call_done)
+        forget = on_end(on_call_done)
         self._mailbox.start(run_id)
         try:
             return self._party.execute(digest, run_id, inputs, timeout, recorder)
         finally:
             finished.set()
+            forget()
             self._mailbox.finish(run_id)
             self._comm.finish(run_id)
             with self._lock:
@@ -384,3 +406,9 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         except DatasetError as exc:
             raise NotFound("dataset", str(exc)) from None
         return pb.DatasetInfoReply(type=tensor_type_to_proto(ttype))
+
+
+def _on_call_end(context: grpc.ServicerContext, abort: Callable[[], None]) -> Callable[[], None]:
+    """OnCallEnd for a unary call: the callback goes with the call, nothing to undo."""
+    context.add_callback(abort)
+    return lambda: None
