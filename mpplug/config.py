@@ -133,8 +133,8 @@ class ServerLimits:
     - `sessions`: open sessions.
     - `executes`: executions running at once (Execute calls and requests on execution
       streams together).
-    - `execute_streams`: ExecuteStream calls open at once; each holds a thread while open
-      (a driver refused one sends Execute calls instead).
+    - `execute_streams`: ExecuteStream calls open at once; each holds a worker (and a
+      reader thread of its own) while open; a driver refused one sends Execute calls.
     - `uploads`: Put and LoadProgram streams at once; `downloads`: Fetch streams at once.
     - `peer_streams`: Send streams from other parties at once.
     - `stream_idle_s`: a stream that moves no message for this long is cancelled.

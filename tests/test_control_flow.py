@@ -468,9 +468,20 @@ def test_an_endless_loop_stops_when_the_execution_is_given_up(kind):
         with pytest.raises(mp.PartyUnavailableError, match="no answer"):
             cluster.evaluate(endless, cluster.put(1, np.float32(0.0)))
         assert time.monotonic() - start < 6.0
+        if kind == "driver":  # the party was told to abort: it runs nothing any more
+            _wait_idle(cluster, 1)
         start = time.monotonic()  # the party is free again: its loop saw the abort
         assert [int(v) for v in cluster.fetch(cluster.evaluate(mp.function(mp.prank)))] == [0, 1]
         assert time.monotonic() - start < 3.0
+
+
+def _wait_idle(driver, rank: int) -> None:
+    from mpplug.protos import service_pb2 as pb
+
+    deadline = time.monotonic() + 5.0
+    while driver._stubs[rank].Status(pb.StatusRequest(), timeout=5.0).executions:
+        assert time.monotonic() < deadline, f"party {rank} still runs an execution"
+        time.sleep(0.05)
 
 
 def test_nesting_deeper_than_the_limit_is_refused_at_trace_time():

@@ -5,6 +5,7 @@ out of streams is served by Execute calls instead, and ending a stream aborts it
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Iterator
 
@@ -20,6 +21,7 @@ from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.driver import Driver
 from mpplug.remote.rpc import WIRE_VERSION
+from mpplug.runtime import codec
 
 from .clusters import in_process
 from .test_control_flow import _CountingStubs
@@ -180,15 +182,26 @@ def test_ending_a_stream_aborts_the_executions_running_on_it(p0_of):
 def test_a_request_over_the_execution_limit_is_refused_on_the_stream(p0_of):
     spec, stub = p0_of
     slow = load(stub, spec, nap)
+    value = np.float32(3.0)
+    header = pb.PutHeader(session="s1", name="dropped", type=codec.encode_type(np.asarray(value)))
+    stub.PutSmall(pb.PutChunk(header=header, data=value.tobytes()), timeout=5.0)
     stream = Stream(stub)
     try:
         for i in range(3):
             stream.send(
-                session="s1", exec_id=f"e{i}", digest=slow.digest, outputs=[f"y{i}"], timeout=9.0
+                session="s1",
+                exec_id=f"e{i}",
+                digest=slow.digest,
+                outputs=[f"y{i}"],
+                timeout=9.0,
+                release=["dropped"] if i == 2 else [],
             )
         refused = stream.reply()
         assert (refused.exec_id, refused.refused.code) == ("e2", "RESOURCE_EXHAUSTED")
         assert "running 2 executions already" in refused.refused.message
+        with pytest.raises(grpc.RpcError) as info:  # the refused request's releases still count
+            list(stub.Fetch(pb.FetchRequest(session="s1", name="dropped"), timeout=5.0))
+        assert info.value.code() is grpc.StatusCode.NOT_FOUND
         assert sorted(stream.reply().exec_id for _ in range(2)) == ["e0", "e1"]
     finally:
         stream.close()
@@ -228,13 +241,19 @@ def test_after_a_stream_ends_the_next_execution_opens_a_new_one():
     with in_process(spec), Driver(spec, timeout=10.0) as driver:
         x = driver.put(0, np.float32(1.0))
         assert float(driver.fetch(driver.evaluate(add_one, x), party=0)) == 2.0
-        broken = driver._execute_streams[0]
-        assert broken is not None
-        broken._call.cancel()
+        threads = threading.active_count()
+        for _ in range(5):  # each broken stream's threads end with it
+            broken = driver._execute_streams[0]
+            assert broken is not None
+            broken._call.cancel()
+            deadline = time.monotonic() + 5.0
+            while broken.open:
+                assert time.monotonic() < deadline, "the cancelled stream still reads as open"
+                time.sleep(0.01)
+            assert float(driver.fetch(driver.evaluate(add_one, x), party=0)) == 2.0
+            assert driver._execute_streams[0] is not broken
+            assert driver._execute_streams[0].open
         deadline = time.monotonic() + 5.0
-        while broken.open:
-            assert time.monotonic() < deadline, "the cancelled stream still reads as open"
-            time.sleep(0.01)
-        assert float(driver.fetch(driver.evaluate(add_one, x), party=0)) == 2.0
-        assert driver._execute_streams[0] is not broken
-        assert driver._execute_streams[0].open
+        while threading.active_count() > threads:
+            assert time.monotonic() < deadline, f"{threading.active_count()} threads, was {threads}"
+            time.sleep(0.05)

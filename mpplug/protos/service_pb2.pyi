@@ -280,20 +280,22 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("party", "rank", "world_size", "sessions", "uptime_s", "datasets")
+    __slots__ = ("party", "rank", "world_size", "sessions", "uptime_s", "datasets", "executions")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     DATASETS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTIONS_FIELD_NUMBER: _ClassVar[int]
     party: str
     rank: int
     world_size: int
     sessions: int
     uptime_s: float
     datasets: _containers.RepeatedCompositeFieldContainer[Dataset]
-    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., sessions: _Optional[int] = ..., uptime_s: _Optional[float] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ...) -> None: ...
+    executions: int
+    def __init__(self, party: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., sessions: _Optional[int] = ..., uptime_s: _Optional[float] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ..., executions: _Optional[int] = ...) -> None: ...
 
 class Dataset(_message.Message):
     __slots__ = ("name", "type")

@@ -157,6 +157,7 @@ class Driver(Cluster):
         self._in_flight: set[grpc.Future] = set()
         self._execute_streams: list[ExecuteStream | None] = [None for _ in spec.parties]
         self._streams_refused_until = [0.0 for _ in spec.parties]
+        self._streams_lock = threading.Lock()
         self._release_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(
             EXECUTE_THREADS_PER_PARTY * spec.world_size, thread_name_prefix="mpplug-driver"
@@ -437,15 +438,18 @@ class Driver(Cluster):
             mine = pb.ExecuteRequest(release=self._releases_for(rank))
             mine.MergeFrom(request)
             self._send_execute(_Attempt(rank, program, mine, execution))
-        errors = execution.wait(ABORT_GRACE, self.execute_timeout + self.timeout)
+        errors = execution.wait(ABORT_GRACE, self.execute_timeout + ABORT_GRACE)
         for rank in execution.unreported():
             stream = self._execute_streams[rank]
             if stream is not None:
                 stream.forget(request.exec_id)
-        for rank in execution.silent():  # only if calls could not even start in time
+        silent = execution.silent()  # an execution that runs too long, or a hung party
+        for rank in silent:
             errors[rank] = PartyUnavailableError(
                 self._party_names[rank], f"no answer to Execute within {self.execute_timeout:g}s"
             )
+        if silent:
+            self._abort(request, ranks, f"no answer within {self.execute_timeout:g}s")
         return errors
 
     def _send_execute(self, attempt: _Attempt) -> None:
@@ -455,19 +459,20 @@ class Driver(Cluster):
         stream = self._stream_to(attempt.rank)
         settle = functools.partial(self._settled, attempt)
         if stream is None or not stream.submit(attempt.request, settle):
-            if stream is not None and stream.failure is not None:
-                self._note_refusal(attempt.rank, stream.failure)
             self._pool.submit(self._execute_call, attempt)
 
     def _stream_to(self, rank: int) -> ExecuteStream | None:
         """Party `rank`'s execution stream, opened on first use and again after it ended;
         None for STREAM_RETRY_S after the party refused one."""
         stream = self._execute_streams[rank]
-        if stream is not None and stream.open:
-            return stream
+        if stream is not None:
+            if stream.open:
+                return stream
+            if stream.failure is not None:
+                self._note_refusal(rank, stream.failure)
         if time.monotonic() < self._streams_refused_until[rank]:
             return None
-        with self._release_lock:
+        with self._streams_lock:
             stream = self._execute_streams[rank]
             if stream is None or not stream.open:
                 stream = ExecuteStream(
@@ -477,16 +482,15 @@ class Driver(Cluster):
                 self._execute_streams[rank] = stream
         return stream
 
-    def _note_refusal(self, rank: int, failure: StreamFailure) -> bool:
-        """Whether `failure` is the party refusing a stream; if so, none is asked of it for
-        STREAM_RETRY_S."""
-        if failure.refused:
+    def _note_refusal(self, rank: int, failure: StreamFailure) -> None:
+        """After the party refused a stream, none is asked of it for STREAM_RETRY_S."""
+        if failure.refused and self._streams_refused_until[rank] < time.monotonic():
             self._streams_refused_until[rank] = time.monotonic() + STREAM_RETRY_S
-        return failure.refused
 
     def _execute_call(self, attempt: _Attempt) -> None:
         """Send one party its share as an Execute call (a blocking call on a pool thread:
         gRPC futures would start a thread per call)."""
+        attempt.start_ns = time.time_ns()
         try:
             reply = self._stubs[attempt.rank].Execute(attempt.request, timeout=self.execute_timeout)
         except grpc.RpcError as exc:
@@ -502,7 +506,8 @@ class Driver(Cluster):
         rank, party = attempt.rank, self._party_names[attempt.rank]
         error: MPPlugError | None
         if isinstance(outcome, StreamFailure):
-            if self._note_refusal(rank, outcome):
+            if outcome.refused:  # before the party read any request: send it as a call
+                self._note_refusal(rank, outcome)
                 self._pool.submit(self._execute_call, attempt)
                 return
             error = failure_of(outcome.code, outcome.details, None, party, "Execute")
@@ -511,7 +516,7 @@ class Driver(Cluster):
             if refused.missing == "program" and not attempt.reshipped:
                 self._pool.submit(self._reship, attempt)
                 return
-            code = getattr(grpc.StatusCode, refused.code, grpc.StatusCode.UNKNOWN)
+            code = grpc.StatusCode.__members__.get(refused.code, grpc.StatusCode.UNKNOWN)
             error = failure_of(code, refused.message, refused.missing, party, "Execute")
         else:
             error = self._take_reply(rank, outcome, attempt.start_ns)

@@ -15,45 +15,58 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from mpplug.protos import service_pb2 as pb
-from mpplug.remote.limits import Slots
 from mpplug.remote.outcomes import COMPLETED
-from mpplug.remote.rpc import MAX_DETAILS_CHARS, REFUSALS, refusal_of, status_of
+from mpplug.remote.rpc import (
+    MAX_DETAILS_CHARS,
+    REFUSALS,
+    STREAM_REFUSED_KEY,
+    refusal_of,
+    status_of,
+)
 
 log = logging.getLogger(__name__)
+
+MAX_UNANSWERED = 64
+"""Requests of one stream a party holds unanswered (running, or replies the driver has not
+read) before it stops reading more: HTTP/2 flow control then holds the writer back."""
 
 OnCallEnd = Callable[[Callable[[], None]], Callable[[], None]]
 """Given an abort callback, arranges for it to run if the call carrying an execution ends
 before the execution does; returns what undoes that once the execution is over."""
 
-Execute = Callable[[pb.ExecuteRequest, OnCallEnd], pb.ExecuteReply]
-"""Runs one execution request (PartyServicer.execute); raises one of REFUSALS to refuse it."""
+
+class Executions(Protocol):
+    """What runs the requests of a stream (PartyServicer)."""
+
+    def admit_execution(self, request: pb.ExecuteRequest) -> Any: ...
+
+    def execute(self, request: pb.ExecuteRequest, session: Any, on_end: OnCallEnd) -> Any: ...
+
+    def end_execution(self) -> None: ...
 
 
 class ExecutionStream:
-    """The party side of one ExecuteStream: a thread of its own reads the requests, each takes
-    one of `slots` (refused at once when none is free, as Execute is) and runs on `runs`, and
-    the replies are yielded as executions end."""
+    """The party side of one ExecuteStream: a thread of its own reads the requests, each is
+    admitted (an execution slot taken, or refused at once as Execute would be) and runs on
+    `runs`, and the replies are yielded as executions end."""
 
     def __init__(
-        self,
-        execute: Execute,
-        slots: Slots,
-        runs: ThreadPoolExecutor,
-        context: grpc.ServicerContext,
+        self, executions: Executions, runs: ThreadPoolExecutor, context: grpc.ServicerContext
     ) -> None:
-        self._execute = execute
-        self._slots = slots
+        self._executions = executions
         self._runs = runs
         self._context = context
         self._replies: queue.SimpleQueue[pb.ExecuteReply | _End] = queue.SimpleQueue()
+        self._unanswered = threading.Semaphore(MAX_UNANSWERED)
         self._aborts: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
-        self._ended = False
+        self._ended = threading.Event()
         context.add_callback(self._call_ended)
 
     def replies(self, requests: Iterator[bytes]) -> Iterator[bytes]:
@@ -70,6 +83,7 @@ class ExecutionStream:
                     self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, item.error)
                 continue
             outstanding -= 1
+            self._unanswered.release()
             yield item.SerializeToString()
 
     def _read(self, requests: Iterator[bytes]) -> None:
@@ -83,31 +97,45 @@ class ExecutionStream:
                         f"ExecuteStream message {i} does not decode as mpplug.ExecuteRequest: {exc}"
                     )
                     break
+                if not self._hold_back():
+                    break
                 count += 1
                 self._start(request)
         except grpc.RpcError:
             pass  # the call ended (the driver cancelled or went away)
-        self._replies.put(_End(count, error[:MAX_DETAILS_CHARS]))
+        finally:
+            self._replies.put(_End(count, error[:MAX_DETAILS_CHARS]))
+
+    def _hold_back(self) -> bool:
+        """Wait until fewer than MAX_UNANSWERED requests are unanswered; False if the call
+        ends first."""
+        while not self._unanswered.acquire(timeout=1.0):
+            if self._ended.is_set():
+                return False
+        return True
 
     def _start(self, request: pb.ExecuteRequest) -> None:
         try:
-            self._slots.take()
+            session = self._executions.admit_execution(request)
         except REFUSALS as exc:
             self._replies.put(_refused(request, exc))
             return
-        self._runs.submit(self._run, request)
-
-    def _run(self, request: pb.ExecuteRequest) -> None:
         try:
-            reply = self._execute(request, self._on_end)
+            self._runs.submit(self._run, request, session)
+        except RuntimeError:  # the server is stopping
+            self._executions.end_execution()
+            self._replies.put(_reply(request, "UNAVAILABLE", "the party is stopping"))
+
+    def _run(self, request: pb.ExecuteRequest, session: Any) -> None:
+        try:
+            reply = self._executions.execute(request, session, self._on_end)
         except REFUSALS as exc:
             reply = _refused(request, exc)
         except Exception as exc:  # never leave the driver waiting: answer as gRPC would
             log.exception("execution %s failed unexpectedly", request.exec_id)
-            message = f"{type(exc).__name__}: {exc}"[:MAX_DETAILS_CHARS]
-            reply = pb.ExecuteReply(refused=pb.Refused(code="UNKNOWN", message=message))
+            reply = _reply(request, "UNKNOWN", f"{type(exc).__name__}: {exc}")
         finally:
-            self._slots.give_back()
+            self._executions.end_execution()
         if reply is COMPLETED:
             reply = pb.ExecuteReply(completed=pb.Completed())
         reply.exec_id = request.exec_id
@@ -116,7 +144,7 @@ class ExecutionStream:
     def _on_end(self, abort: Callable[[], None]) -> Callable[[], None]:
         key = id(abort)
         with self._lock:
-            if not self._ended:
+            if not self._ended.is_set():
                 self._aborts[key] = abort
                 return lambda: self._forget(key)
         abort()
@@ -128,7 +156,7 @@ class ExecutionStream:
 
     def _call_ended(self) -> None:
         with self._lock:
-            self._ended = True
+            self._ended.set()
             aborts, self._aborts = list(self._aborts.values()), {}
         for abort in aborts:
             abort()
@@ -144,24 +172,23 @@ class _End:
 
 def _refused(request: pb.ExecuteRequest, exc: Exception) -> pb.ExecuteReply:
     code, message, missing = refusal_of(exc)
-    return pb.ExecuteReply(
-        exec_id=request.exec_id,
-        refused=pb.Refused(code=code.name, message=message, missing=missing),
-    )
+    return _reply(request, code.name, message, missing)
+
+
+def _reply(request: pb.ExecuteRequest, code: str, message: str, missing: str = "") -> Any:
+    refused = pb.Refused(code=code, message=message[:MAX_DETAILS_CHARS], missing=missing)
+    return pb.ExecuteReply(exec_id=request.exec_id, refused=refused)
 
 
 @dataclass(frozen=True)
 class StreamFailure:
-    """How a stream ended for the executions still waiting on it: a gRPC status."""
+    """How a stream ended for the executions still waiting on it: a gRPC status, and whether
+    the party refused the stream itself (all its execution streams are taken) before reading
+    any request, so that those may go as Execute calls instead."""
 
     code: grpc.StatusCode
     details: str
-
-    @property
-    def refused(self) -> bool:
-        """Whether the party refused the stream itself (all its execution streams are taken),
-        before reading any request: those may go as Execute calls instead."""
-        return self.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    refused: bool = False
 
 
 Outcome = pb.ExecuteReply | StreamFailure
@@ -173,7 +200,7 @@ class ExecuteStream:
     its own hands each reply to the callback submitted with its request. When the call fails,
     every execution waiting on it is told so, and the stream takes no more requests."""
 
-    def __init__(self, open_call: Callable[[Iterator[bytes]], Iterator[bytes]], name: str) -> None:
+    def __init__(self, open_call: Callable[[Iterator[bytes]], Any], name: str) -> None:
         self._requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._waiting: dict[str, Callable[[Outcome], None]] = {}
         self._lock = threading.Lock()
@@ -209,26 +236,43 @@ class ExecuteStream:
         self._requests.put(None)
 
     def _read(self) -> None:
+        failure = StreamFailure(grpc.StatusCode.UNAVAILABLE, "the party ended the stream")
+        answered = False
         try:
             for data in self._call:
+                answered = True
                 reply = pb.ExecuteReply.FromString(data)
                 with self._lock:
                     on_outcome = self._waiting.pop(reply.exec_id, None)
                 if on_outcome is not None:
-                    on_outcome(reply)
-            failure = StreamFailure(
-                grpc.StatusCode.UNAVAILABLE, "the party ended the execution stream"
-            )
+                    _tell(on_outcome, reply)
         except grpc.RpcError as exc:
-            failure = StreamFailure(*status_of(exc))
+            code, details = status_of(exc)
+            refused = not answered and _marked_refused(exc)
+            failure = StreamFailure(code, details, refused)
         except DecodeError as exc:
-            self._call.cancel()  # type: ignore[attr-defined]
+            self._call.cancel()
             failure = StreamFailure(
                 grpc.StatusCode.INTERNAL, f"a reply does not decode as ExecuteReply: {exc}"
             )
-        with self._lock:
-            self._open = False
-            self.failure = failure
-            waiting, self._waiting = list(self._waiting.values()), {}
-        for on_outcome in waiting:
-            on_outcome(failure)
+        finally:
+            with self._lock:
+                self._open = False
+                self.failure = failure
+                waiting, self._waiting = list(self._waiting.values()), {}
+            self._requests.put(None)  # lets gRPC's thread reading the requests go
+            for on_outcome in waiting:
+                _tell(on_outcome, failure)
+
+
+def _tell(on_outcome: Callable[[Outcome], None], outcome: Outcome) -> None:
+    """Hand an outcome to its callback; one that raises must not stop the stream's thread."""
+    try:
+        on_outcome(outcome)
+    except Exception:
+        log.exception("handling the outcome of an execution failed")
+
+
+def _marked_refused(exc: grpc.RpcError) -> bool:
+    metadata = exc.trailing_metadata() if isinstance(exc, grpc.Call) else None
+    return any(key == STREAM_REFUSED_KEY for key, _ in metadata or ())

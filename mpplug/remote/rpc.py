@@ -39,6 +39,10 @@ MISSING_KEY = "mpplug-missing"
 """Trailing metadata naming what a NOT_FOUND was about: "session", "program", "value" or
 "dataset"."""
 
+STREAM_REFUSED_KEY = "mpplug-stream-refused"
+"""Trailing metadata of a RESOURCE_EXHAUSTED that refused an ExecuteStream before it read any
+request (every execution stream of the party is taken)."""
+
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SCOPED_ID = re.compile(r"[A-Za-z0-9_-]{1,64}:[A-Za-z0-9_-]{1,64}")
 MAX_NAME_CHARS = 256

@@ -236,6 +236,7 @@ class PartyServer:
             return
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
+        self._service.close()
         self._comm.close()
         self._stopped.set()
         if self._upkeep is not None:

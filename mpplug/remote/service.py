@@ -38,8 +38,10 @@ from mpplug.remote.outcomes import (
 )
 from mpplug.remote.peer import PeerCommunicator
 from mpplug.remote.rpc import (
+    STREAM_REFUSED_KEY,
     WIRE_VERSION,
     BadRequest,
+    Exhausted,
     Forbidden,
     NotFound,
     VersionMismatch,
@@ -115,6 +117,11 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     @property
     def name(self) -> str:
         return self._names[self._party.rank]
+
+    def close(self) -> None:
+        """Let the threads running executions from streams go (the server has stopped: the
+        executions were aborted with their calls)."""
+        self._stream_runs.shutdown(wait=False)
 
     def admit(self, context: grpc.ServicerContext, method: str) -> None:
         """With TLS, only drivers call this service (Status aside): a certificate naming a
@@ -227,26 +234,40 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
 
     @handle_errors
     def Execute(self, request: pb.ExecuteRequest, context: grpc.ServicerContext) -> pb.ExecuteReply:
-        self._executes.take()
+        session = self.admit_execution(request)
         try:
-            return self.execute(request, lambda abort: _on_call_end(context, abort))
+            return self.execute(request, session, lambda abort: _on_call_end(context, abort))
         finally:
-            self._executes.give_back()
+            self.end_execution()
 
     @handle_errors
     def ExecuteStream(
         self, requests: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
-        self._execute_streams.hold_for(context)
-        stream = ExecutionStream(self.execute, self._executes, self._stream_runs, context)
-        return stream.replies(requests)
+        try:
+            self._execute_streams.hold_for(context)
+        except Exhausted:
+            context.set_trailing_metadata(((STREAM_REFUSED_KEY, "1"),))
+            raise
+        return ExecutionStream(self, self._stream_runs, context).replies(requests)
 
-    def execute(self, request: pb.ExecuteRequest, on_end: OnCallEnd) -> pb.ExecuteReply:
-        """Run one Execute request, an execution slot held by the caller; `on_end(abort)`
-        has `abort` called if the call carrying the request ends first. Raises one of
-        REFUSALS for a request refused before it runs."""
+    def admit_execution(self, request: pb.ExecuteRequest) -> Session:
+        """The request's session, its releases applied, and an execution slot taken for it
+        (`end_execution` gives it back); raises one of REFUSALS if there is none free."""
         session = self._sessions.get(request.session)
         session.release(request.release)
+        self._executes.take()
+        return session
+
+    def end_execution(self) -> None:
+        self._executes.give_back()
+
+    def execute(
+        self, request: pb.ExecuteRequest, session: Session, on_end: OnCallEnd
+    ) -> pb.ExecuteReply:
+        """Run one admitted Execute request; `on_end(abort)` has `abort` called if the call
+        carrying the request ends first. Raises one of REFUSALS for a request refused
+        before it runs."""
         exec_id = check_id(request.exec_id, "exec_id")
         if not (0 < request.timeout <= MAX_TIMEOUT_S and math.isfinite(request.timeout)):
             raise BadRequest(
@@ -389,6 +410,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             rank=self._party.rank,
             world_size=self._party.world_size,
             sessions=len(self._sessions),
+            executions=len(self._running),
             uptime_s=time.monotonic() - self._started,
             datasets=[
                 pb.Dataset(name=name, type=tensor_type_to_proto(ttype))
