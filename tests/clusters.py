@@ -19,13 +19,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
 from mpplug import Cluster
 from mpplug.config import ClusterSpec
+from mpplug.protos import service_pb2 as pb
+from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.certs import with_tls, write_dev_certs
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
+from mpplug.remote.rpc import WIRE_VERSION
 from mpplug.remote.server import PartyServer
 from simulator import Simulator
 
@@ -121,6 +125,22 @@ def in_process(
             stack.callback(server.stop, 0.0)
             servers.append(server)
         yield servers
+
+
+@contextlib.contextmanager
+def lone_p0(spec: ClusterSpec, **options: Any) -> Iterator[rpc_pb.PartyServiceStub]:
+    """P0 of `spec` alone in this process (the other parties never start), with `options` for
+    PartyServer, and a stub to it with a session "s1" open."""
+    with (
+        in_process(spec, ["P0"], **options),
+        grpc.insecure_channel(spec.parties[0].endpoint) as channel,
+    ):
+        stub = rpc_pb.PartyServiceStub(channel)
+        stub.OpenSession(
+            pb.OpenSessionRequest(session="s1", parties=spec.names, wire_version=WIRE_VERSION),
+            timeout=5.0,
+        )
+        yield stub
 
 
 @contextlib.contextmanager

@@ -20,10 +20,9 @@ from mpplug.frontend.tracer import Program, trace
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.driver import Driver
-from mpplug.remote.rpc import WIRE_VERSION
 from mpplug.runtime import codec
 
-from .clusters import in_process
+from .clusters import in_process, lone_p0
 from .test_control_flow import _CountingStubs
 
 
@@ -68,18 +67,10 @@ class Stream:
 
 @pytest.fixture
 def p0_of(request: pytest.FixtureRequest) -> Iterator[tuple[ClusterSpec, rpc_pb.PartyServiceStub]]:
-    """P0 alone in process (of a cluster of `request.param` parties, one execution at a
+    """P0 alone in process (of a cluster of `request.param` parties, two executions at a
     time), with session "s1" open."""
     spec = ClusterSpec.local(request.param)
-    with (
-        in_process(spec, ["P0"], timeout=60.0, limits=ServerLimits(executes=2)),
-        grpc.insecure_channel(spec.parties[0].endpoint) as channel,
-    ):
-        stub = rpc_pb.PartyServiceStub(channel)
-        stub.OpenSession(
-            pb.OpenSessionRequest(session="s1", parties=spec.names, wire_version=WIRE_VERSION),
-            timeout=5.0,
-        )
+    with lone_p0(spec, timeout=60.0, limits=ServerLimits(executes=2)) as stub:
         yield spec, stub
 
 

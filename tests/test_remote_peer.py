@@ -22,10 +22,10 @@ from mpplug.frontend.tracer import trace
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.driver import Driver
-from mpplug.remote.rpc import WIRE_VERSION, check_id
+from mpplug.remote.rpc import check_id
 from mpplug.runtime.communicator import MAX_REASON_CHARS, Key, Mailbox, MailboxFull
 
-from .clusters import in_process
+from .clusters import in_process, lone_p0
 
 F32_3 = tensor_type_to_proto(TensorType(DType.FLOAT32, (3,)))
 
@@ -146,15 +146,7 @@ def test_a_send_refused_by_a_full_mailbox_is_retried_until_the_receiver_takes_it
 def p0_of_two() -> Iterator[tuple[ClusterSpec, rpc_pb.PartyServiceStub]]:
     """P0 of a two-party cluster whose P1 never starts, with a session "s1" open."""
     spec = ClusterSpec.local(2)
-    with (
-        in_process(spec, ["P0"], timeout=60.0),
-        grpc.insecure_channel(spec.parties[0].endpoint) as channel,
-    ):
-        stub = rpc_pb.PartyServiceStub(channel)
-        stub.OpenSession(
-            pb.OpenSessionRequest(session="s1", parties=spec.names, wire_version=WIRE_VERSION),
-            timeout=5.0,
-        )
+    with lone_p0(spec, timeout=60.0) as stub:
         yield spec, stub
 
 
