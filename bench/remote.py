@@ -114,24 +114,19 @@ def transfer_rows(driver: Driver, targets: list[Target]) -> list[Row]:
     return rows
 
 
-def round_trips(cluster: mp.Cluster) -> tuple[float, float]:
-    """Median seconds of evaluate+fetch for `trivial` and for `hop`, programs cached."""
-    scalar = cluster.put(0, np.float32(1.0))
-    times = side_by_side(
-        {
-            "trivial": lambda: cluster.fetch(cluster.evaluate(trivial), party=0),
-            "hop": lambda: cluster.fetch(cluster.evaluate(hop, scalar), party=2),
-        },
-        repeat=ROUND_TRIPS,
-        warmup=20,
-    )
-    return times["trivial"], times["hop"]
+def round_trips(driver: Driver, sim: Simulator) -> dict[str, float]:
+    """Median seconds of evaluate+fetch for `trivial` and for `hop`, programs cached, on the
+    real parties and on the Simulator, taking turns."""
+    calls = {}
+    for name, cluster in (("driver", driver), ("simulator", sim)):
+        scalar = cluster.put(0, np.float32(1.0))
+        calls[f"{name} trivial"] = lambda c=cluster: c.fetch(c.evaluate(trivial), party=0)
+        calls[f"{name} hop"] = lambda c=cluster, x=scalar: c.fetch(c.evaluate(hop, x), party=2)
+    return side_by_side(calls, repeat=ROUND_TRIPS, warmup=20)
 
 
-def round_trip_rows(driver_times: tuple[float, float], targets: list[Target]) -> list[Row]:
-    with Simulator(3) as sim:
-        sim_times = round_trips(sim)
-    (t_driver, t_driver_hop), (t_sim, t_sim_hop) = driver_times, sim_times
+def round_trip_rows(times: dict[str, float], targets: list[Target]) -> list[Row]:
+    t_driver, t_sim = times["driver trivial"], times["simulator trivial"]
     over = t_driver / t_sim
     targets.append(
         Target(
@@ -141,6 +136,7 @@ def round_trip_rows(driver_times: tuple[float, float], targets: list[Target]) ->
             f"{t_driver * 1e3:.2f} ms, {over:.1f}x",
         )
     )
+    t_driver_hop, t_sim_hop = times["driver hop"], times["simulator hop"]
     return [
         (
             "evaluate+fetch, trivial 3-party program (each party computes), cached",
@@ -189,7 +185,8 @@ def main() -> int:
             parties.wait_ready()
             with Driver(config, timeout=60.0) as driver:
                 rows += transfer_rows(driver, targets)
-                driver_times = round_trips(driver)
+                with Simulator(3) as sim:
+                    times = round_trips(driver, sim)
                 for measurement, loop, unrolled, ratio, value in loop_rows(
                     driver, "3 parties over gRPC"
                 ):
@@ -203,7 +200,7 @@ def main() -> int:
                             )
                         )
             rows += load_rows(config, targets)
-    rows += round_trip_rows(driver_times, targets)
+    rows += round_trip_rows(times, targets)
 
     print(f"mpplug remote benchmark (jax {jax.__version__}, 3 parties on 127.0.0.1)\n")
     print("| measurement | driver | reference | ratio |")
