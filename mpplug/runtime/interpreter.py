@@ -334,9 +334,11 @@ class Interpreter:
                 run.comm.send(Key(run.exec_id, op.id, rank, dst, scope), env[ref])
                 continue
             start = time.time_ns()
-            run.comm.send(Key(run.exec_id, op.id, rank, dst, scope), env[ref])
-            nbytes = int(np.asarray(env[ref]).nbytes)
-            run.recorder.add("send", "send", start, op=op.id, to=dst, bytes=nbytes)
+            try:
+                run.comm.send(Key(run.exec_id, op.id, rank, dst, scope), env[ref])
+            finally:  # a send cut short by an abort shows how long it took too
+                nbytes = int(np.asarray(env[ref]).nbytes)
+                run.recorder.add("send", "send", start, op=op.id, to=dst, bytes=nbytes)
         if step.local is not None:
             return (env[step.local],)
         if step.receive_from is None:
