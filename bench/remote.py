@@ -1,17 +1,18 @@
 """Benchmark of real parties over gRPC: party-to-party transfer inside a program next to a raw
-TCP socket on loopback, the cached evaluate+fetch round trip next to the Simulator, a
-fori_loop next to the same steps unrolled, and many drivers at once on one cluster.
+TCP connection on loopback (kept open, as gRPC's are), the cached evaluate+fetch round trip
+next to the Simulator, a fori_loop next to the same steps unrolled, and many drivers at once
+on one cluster.
 
 Run as `python -m bench.remote`; prints a markdown table, then PASS/FAIL per target.
 """
 
 from __future__ import annotations
 
+import queue
 import socket
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import jax
@@ -56,38 +57,51 @@ def hop(x: mp.MPObject) -> mp.MPObject:
     return mp.p2p(0, 2, mp.run_jax(lambda a: a + 1, x))
 
 
-def raw_socket_seconds(payload: np.ndarray) -> float:
-    """One loopback TCP transfer of `payload` into a fresh buffer, as a party receives it."""
-    view = memoryview(payload.reshape(-1).view(np.uint8))
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
+class RawLink:
+    """A loopback TCP connection kept open, as gRPC keeps its own: `send` moves a payload into
+    a fresh buffer at the receiving thread, as a party receives it, and returns when it is in."""
 
-        def receive() -> None:
-            conn, _ = server.accept()
-            with conn:
-                buffer = memoryview(np.empty(len(view), dtype=np.uint8))
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._sizes: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._receiver = threading.Thread(target=self._receive, daemon=True)
+        self._receiver.start()
+        self._conn = socket.create_connection(self._server.getsockname())
+
+    def _receive(self) -> None:
+        conn, _ = self._server.accept()
+        with conn:
+            while (size := self._sizes.get()) > 0:
+                buffer = memoryview(np.empty(size, dtype=np.uint8))
                 filled = 0
-                while filled < len(view):
+                while filled < size:
                     filled += conn.recv_into(buffer[filled:])
+                self._done.put(None)
 
-        receiver = threading.Thread(target=receive)
-        receiver.start()
-        start = time.perf_counter()
-        with socket.create_connection(("127.0.0.1", port)) as conn:
-            conn.sendall(view)
-            receiver.join()
-        return time.perf_counter() - start
+    def send(self, payload: np.ndarray) -> None:
+        view = memoryview(payload.reshape(-1).view(np.uint8))
+        self._sizes.put(len(view))
+        self._conn.sendall(view)
+        self._done.get()
+
+    def close(self) -> None:
+        self._sizes.put(0)
+        self._conn.close()
+        self._receiver.join()
+        self._server.close()
 
 
 def transfer_rows(driver: Driver, targets: list[Target]) -> list[Row]:
     rows = []
+    link = RawLink()
     for mib in SIZES_MIB:
         payload = np.ones(mib * 2**20 // 4, dtype=np.float32)
         x = driver.put(0, payload)
         times = side_by_side(
             {
                 "grpc": lambda x=x: driver.evaluate(move, x),
-                "raw": lambda p=payload: raw_socket_seconds(p),
+                "raw": lambda p=payload: link.send(p),
             },
             repeat=TRANSFER_REPEATS,
             warmup=1,
@@ -111,6 +125,7 @@ def transfer_rows(driver: Driver, targets: list[Target]) -> list[Row]:
                 )
             )
         del x
+    link.close()
     return rows
 
 
