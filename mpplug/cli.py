@@ -15,13 +15,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import yaml
 
-from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.config import ClusterSpec, ServerLimits, TLSFiles
 from mpplug.errors import ConfigError, MPPlugError
 
 EXIT_OK = 0
@@ -145,8 +146,7 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="set one server limit, over the cluster file's `limits:` (repeatable; names: "
-        "workers, max_rpcs, sessions, executes, uploads, downloads, peer_streams, "
-        "stream_idle_s, pending_bytes_per_peer, unclaimed_value_s)",
+        f"{', '.join(f.name for f in fields(ServerLimits))})",
     )
     parser.add_argument(
         "--insecure",

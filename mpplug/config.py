@@ -24,7 +24,7 @@ _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252})")
 _PORT = re.compile(r"[0-9]{1,5}")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _DEVICE = re.compile(r"(cpu|cuda|rocm|tpu)(:[0-9]+)?")
-_PARTY_KEYS = {"name", "endpoint", "listen", "device", "tls", "data", "outputs"}
+_PARTY_KEYS = {"name", "endpoint", "listen", "bulk", "device", "tls", "data", "outputs"}
 _TLS_KEYS = {"ca", "cert", "key"}
 DATASET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 """Dataset names: no dots, slashes or spaces, so a name can never be read as a path."""
@@ -137,6 +137,8 @@ class ServerLimits:
       reader thread of its own) while open; a driver refused one sends Execute calls.
     - `uploads`: Put and LoadProgram streams at once; `downloads`: Fetch streams at once.
     - `peer_streams`: Send streams from other parties at once.
+    - `bulk_connections`: bulk connections from other parties open at once (each has a
+      thread of its own, outside `workers`); one more closes the longest-idle one.
     - `stream_idle_s`: a stream that moves no message for this long is cancelled.
     - `pending_bytes_per_peer`: bytes one peer's values may take up waiting to be received
       (one value of any size is let in when none of the peer's wait).
@@ -152,6 +154,7 @@ class ServerLimits:
     uploads: int = 8
     downloads: int = 8
     peer_streams: int = 20
+    bulk_connections: int = 32
     stream_idle_s: float = 60.0
     pending_bytes_per_peer: int = 4 << 30
     unclaimed_value_s: float = 600.0
@@ -166,6 +169,7 @@ class ServerLimits:
             "uploads": self.uploads,
             "downloads": self.downloads,
             "peer_streams": self.peer_streams,
+            "bulk_connections": self.bulk_connections,
             "pending_bytes_per_peer": self.pending_bytes_per_peer,
         }
         for name, value in counts.items():
@@ -239,7 +243,12 @@ class ServerLimits:
 @dataclass(frozen=True)
 class PartySpec:
     """One party: `endpoint` is what others dial, `listen` what the server binds; `data` and
-    `outputs` are what programs may read and write there (by dataset name, never by path)."""
+    `outputs` are what programs may read and write there (by dataset name, never by path).
+
+    `bulk`, if set, is the "host:port" other parties dial to send this party values larger
+    than a chunk over a connection of their own (mpplug.remote.bulk); the party listens for
+    them on `listen`'s host at `bulk`'s port. Without it such values stream over gRPC.
+    """
 
     name: str
     endpoint: str
@@ -248,6 +257,7 @@ class PartySpec:
     tls: TLSFiles | None = None
     data: tuple[DatasetSpec, ...] = ()
     outputs: OutputsSpec | None = None
+    bulk: str | None = None
 
     @property
     def host(self) -> str:
@@ -256,6 +266,14 @@ class PartySpec:
     @property
     def port(self) -> int:
         return split_endpoint(self.endpoint, "endpoint")[1]
+
+    @property
+    def bulk_listen(self) -> tuple[str, int] | None:
+        """The (host, port) the bulk listener binds: `listen`'s host, `bulk`'s port."""
+        if self.bulk is None:
+            return None
+        host = split_endpoint(self.listen, "listen")[0]
+        return host, split_endpoint(self.bulk, "bulk")[1]
 
 
 @dataclass(frozen=True)
@@ -360,13 +378,15 @@ class ClusterSpec:
     def local(
         cls, names: Sequence[str] | int, *, host: str = "127.0.0.1", device: str | None = None
     ) -> ClusterSpec:
-        """Parties on this host at free ports (names, or a count giving P0, P1, ...)."""
+        """Parties on this host at free ports (names, or a count giving P0, P1, ...), each with
+        a bulk port of its own."""
         if isinstance(names, int):
             names = [f"P{i}" for i in range(names)]
+        ports = free_ports(2 * len(names), host)
         parties = []
-        for name, port in zip(names, free_ports(len(names), host), strict=True):
-            endpoint = f"{host}:{port}"
-            parties.append(PartySpec(name, endpoint, endpoint, device))
+        for i, name in enumerate(names):
+            endpoint, bulk = f"{host}:{ports[2 * i]}", f"{host}:{ports[2 * i + 1]}"
+            parties.append(PartySpec(name, endpoint, endpoint, device, bulk=bulk))
         return cls.from_dict(
             {"parties": [_as_dict(p) for p in parties]}, source="ClusterSpec.local"
         )
@@ -399,6 +419,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 def _as_dict(p: PartySpec) -> dict[str, Any]:
     d: dict[str, Any] = {"name": p.name, "endpoint": p.endpoint, "listen": p.listen}
+    if p.bulk is not None:
+        d["bulk"] = p.bulk
     if p.device is not None:
         d["device"] = p.device
     if p.tls is not None:
@@ -433,7 +455,15 @@ def _party(entry: Any, where: str, base: Path, files_of: Collection[str] | None)
     endpoint = entry["endpoint"]
     _, port = split_endpoint(endpoint, f"{where}.endpoint")
     listen = entry.get("listen", f"[::]:{port}")
-    split_endpoint(listen, f"{where}.listen")
+    listen_port = split_endpoint(listen, f"{where}.listen")[1]
+    bulk = entry.get("bulk")
+    if bulk is not None:
+        bulk_port = split_endpoint(bulk, f"{where}.bulk")[1]
+        if bulk_port in (port, listen_port):
+            raise ConfigError(
+                f"{where}.bulk: expected a port of its own, got {bulk!r}, the port of the "
+                f"party's gRPC endpoint or listen address"
+            )
     device = entry.get("device")
     if device is not None and (not isinstance(device, str) or not _DEVICE.fullmatch(device)):
         raise ConfigError(
@@ -443,7 +473,7 @@ def _party(entry: Any, where: str, base: Path, files_of: Collection[str] | None)
     tls = _tls(entry["tls"], f"{where}.tls", base, check) if entry.get("tls") is not None else None
     data = _data(entry.get("data"), f"{where}.data", base)
     outputs = _outputs(entry["outputs"], f"{where}.outputs", base) if "outputs" in entry else None
-    return PartySpec(name, endpoint, listen, device, tls, data, outputs)
+    return PartySpec(name, endpoint, listen, device, tls, data, outputs, bulk)
 
 
 def _data(entry: Any, where: str, base: Path) -> tuple[DatasetSpec, ...]:

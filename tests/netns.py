@@ -149,7 +149,12 @@ def write_cluster_file(hosts: Hosts, folder: Path) -> Path:
     """The cluster file as an operator writes it; then `mpplug certs` adds the tls blocks."""
     plain = folder / "cluster.yaml"
     parties = [
-        {"name": name, "endpoint": f"{address}:{PORT}", "device": "cpu"}
+        {
+            "name": name,
+            "endpoint": f"{address}:{PORT}",
+            "bulk": f"{address}:{PORT + 1}",
+            "device": "cpu",
+        }
         for name, address in zip(NAMES, hosts.addresses, strict=True)
     ]
     plain.write_text(yaml.safe_dump({"parties": parties}, sort_keys=False))

@@ -63,6 +63,40 @@ def test_listen_defaults_to_the_endpoint_port_on_all_interfaces():
     assert [p.device for p in spec.parties] == [None, None]
 
 
+def test_a_bulk_port_is_dialled_at_its_host_and_bound_on_the_listen_host():
+    data = two_parties()
+    data["parties"][0]["bulk"] = "alice.example:7001"
+    data["parties"][1] |= {"bulk": "[fd00::2]:7001", "listen": "10.0.0.2:7000"}
+    spec = ClusterSpec.from_dict(data)
+    assert [p.bulk for p in spec.parties] == ["alice.example:7001", "[fd00::2]:7001"]
+    assert [p.bulk_listen for p in spec.parties] == [("::", 7001), ("10.0.0.2", 7001)]
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    assert ClusterSpec.from_dict(two_parties()).parties[0].bulk_listen is None
+
+
+@pytest.mark.parametrize(
+    ("bulk", "expected"),
+    [
+        (
+            "10.0.0.1:7000",
+            "cluster.parties[0].bulk: expected a port of its own, got '10.0.0.1:7000'",
+        ),
+        ("10.0.0.1", "cluster.parties[0].bulk: expected 'host:port', got '10.0.0.1' (no port)"),
+        (7001, "cluster.parties[0].bulk: expected 'host:port' as a string, got 7001"),
+    ],
+)
+def test_bad_bulk_ports_are_named(bulk: Any, expected: str):
+    data = two_parties()
+    data["parties"][0]["bulk"] = bulk
+    assert load_error(data).startswith(expected)
+
+
+def test_local_clusters_give_every_party_ports_of_its_own():
+    spec = ClusterSpec.local(3)
+    ports = [p.port for p in spec.parties] + [p.bulk_listen[1] for p in spec.parties]  # type: ignore[index]
+    assert len(set(ports)) == 6
+
+
 def test_to_dict_round_trips():
     spec = ClusterSpec.from_dict(two_parties(device="cpu"))
     assert ClusterSpec.from_dict(spec.to_dict()) == spec
@@ -117,7 +151,10 @@ def test_server_limits_load_from_the_limits_block_and_round_trip():
 @pytest.mark.parametrize(
     ("limits", "expected"),
     [
-        ({"session": 4}, "cluster.limits: unknown limit(s) ['session']; expected ['downloads', "),
+        (
+            {"session": 4},
+            "cluster.limits: unknown limit(s) ['session']; expected ['bulk_connections', ",
+        ),
         ({"sessions": 1.5}, "cluster.limits.sessions: expected int, got 1.5"),
         ({"stream_idle_s": "2"}, "cluster.limits.stream_idle_s: expected float, got '2'"),
         ({"sessions": True}, "cluster.limits.sessions: expected int, got True"),
@@ -133,7 +170,7 @@ def test_command_line_limits_override_the_files():
     limits = ServerLimits(sessions=4).overridden(["executes=2", "stream_idle_s=0.5"], "--limit")
     assert (limits.sessions, limits.executes, limits.stream_idle_s) == (4, 2, 0.5)
     for bad, message in [
-        ("executes", "--limit: expected NAME=VALUE with NAME one of ['downloads', "),
+        ("executes", "--limit: expected NAME=VALUE with NAME one of ['bulk_connections', "),
         ("nope=1", "--limit: expected NAME=VALUE with NAME one of"),
         ("executes=2.5", "--limit: executes expects int, got '2.5'"),
     ]:

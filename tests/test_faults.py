@@ -347,7 +347,7 @@ def flaky_peer(failures: int) -> Iterator[tuple[ClusterSpec, list[str]]]:
 
 
 def send_to_p1(spec: ClusterSpec, timeout: float) -> None:
-    comm = PeerCommunicator(spec, 0, Mailbox(0), credentials=None, timeout=timeout)
+    comm = PeerCommunicator(spec, 0, Mailbox(0), tls=None, timeout=timeout)
     try:
         comm.send(Key("s:e", 1, 0, 1), np.float32(1.0))
     finally:

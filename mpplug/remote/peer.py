@@ -1,27 +1,31 @@
 """The party-to-party data plane: a gRPC `Communicator` and the peer service feeding its mailbox.
 
-A send streams the tensor straight to the destination's PeerService, which validates it and
-delivers it into that party's Mailbox; the driver never relays values. A send whose connection
-fails is tried again on a new one until its deadline. Sends in flight for an execution are
-cancelled when it is aborted, so a dead peer does not hold the party until the send's deadline.
+A send streams the tensor straight to the destination's PeerService (or, for a value over one
+chunk to a party with a bulk port, over a bulk connection: mpplug.remote.bulk), which validates
+it and delivers it into that party's Mailbox; the driver never relays values. A send whose
+connection fails is tried again on a new one until its deadline. Sends in flight for an
+execution are cancelled when it is aborted, so a dead peer does not hold the party until the
+send's deadline.
 """
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
-from mpplug.config import ClusterSpec
+from mpplug.config import ClusterSpec, TLSFiles
 from mpplug.core.validate import MAX_REGION_DEPTH
 from mpplug.errors import ExecutionAborted, PartyUnavailableError, WireError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
+from mpplug.remote.bulk import Admitted, Links, Refused
 from mpplug.remote.channels import keepalive_for, open_channel
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.rpc import (
@@ -34,13 +38,14 @@ from mpplug.remote.rpc import (
     status_of,
 )
 from mpplug.remote.streaming import (
+    as_bytes_view,
     encode_chunks,
     fits_one_chunk,
     read_chunks,
     receive_tensor,
     transfer_deadline,
 )
-from mpplug.remote.tls import peer_common_name
+from mpplug.remote.tls import channel_credentials, peer_common_name
 from mpplug.runtime import codec
 from mpplug.runtime.communicator import ABORTED_MEMORY, Communicator, Key, Mailbox
 
@@ -61,6 +66,19 @@ _RETRIED = (
     grpc.StatusCode.UNAVAILABLE,
 )
 
+
+class _Failed(Exception):
+    """One try at a send failed with `code`, as a PeerService call would."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+
+
+class _Cancellable(Protocol):
+    def cancel(self) -> Any: ...
+
+
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 """A send answered with one of _RETRIED is retried, waiting from RETRY_FIRST_S doubling up to
@@ -77,7 +95,7 @@ class PeerCommunicator(Communicator):
         rank: int,
         mailbox: Mailbox,
         *,
-        credentials: grpc.ChannelCredentials | None,
+        tls: TLSFiles | None,
         timeout: float,
     ) -> None:
         self.rank = rank
@@ -85,11 +103,12 @@ class PeerCommunicator(Communicator):
         self.timeout = timeout
         self._spec = spec
         self._mailbox = mailbox
-        self._credentials = credentials
+        self._credentials = channel_credentials(tls) if tls is not None else None
         self._channels: dict[int, grpc.Channel] = {}
         self._peers: dict[int, SimpleNamespace] = {}
         self._lock = threading.Lock()
-        self._sending: dict[str, set[grpc.Future]] = {}
+        self._links = Links(spec, rank, tls)
+        self._sending: dict[str, set[_Cancellable]] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._cond = threading.Condition()
 
@@ -103,37 +122,80 @@ class PeerCommunicator(Communicator):
             type=codec.encode_type(array),
             scope=key.scope,
         )
-        service = self._peer(key.dst)
+        bulk = not fits_one_chunk(array.nbytes) and self._links.reaches(key.dst)
         give_up = time.monotonic() + transfer_deadline(self.timeout, array.nbytes)
         pause = RETRY_FIRST_S
         while True:
-            chunks = encode_chunks(header, array)
-            left = max(give_up - time.monotonic(), 0.0)
-            if fits_one_chunk(array.nbytes):
-                call = service.SendSmall.future(next(chunks), timeout=left, wait_for_ready=True)
-            else:
-                call = service.Send.future(chunks, timeout=left, wait_for_ready=True)
             try:
-                self._track(key, call)
-                call.result()
+                if bulk:
+                    self._send_bulk(key, header, array, give_up)
+                else:
+                    self._send_call(key, header, array, give_up)
                 return
-            except grpc.FutureCancelledError:
-                raise self._aborted(key) from None
-            except grpc.RpcError as exc:
-                code, details = status_of(exc)
-                if code in _RETRIED and self._pause(key, pause, give_up):
+            except _Failed as exc:
+                if exc.code in _RETRIED and self._pause(key, pause, give_up):
                     pause = min(2 * pause, RETRY_MAX_S)
                     continue
                 peer = self._spec.parties[key.dst].name
-                if code in _UNREACHED:
+                if exc.code in _UNREACHED:
                     raise PartyUnavailableError(
-                        peer, f"party {self.rank} could not send {key}: {code.name}: {details}"
+                        peer, f"party {self.rank} could not send {key}: {exc}"
                     ) from None
-                raise WireError(
-                    f"party {peer} refused value {key}: {code.name}: {details}"
-                ) from None
+                raise WireError(f"party {peer} refused value {key}: {exc}") from None
+
+    def _send_call(self, key: Key, header: pb.PeerHeader, array: Any, give_up: float) -> None:
+        """One try over PeerService; _Failed with the call's status if it fails."""
+        chunks = encode_chunks(header, array)
+        left = max(give_up - time.monotonic(), 0.0)
+        service = self._peer(key.dst)
+        if fits_one_chunk(array.nbytes):
+            call = service.SendSmall.future(next(chunks), timeout=left, wait_for_ready=True)
+        else:
+            call = service.Send.future(chunks, timeout=left, wait_for_ready=True)
+        try:
+            self._track(key, call)
+            call.result()
+        except grpc.FutureCancelledError:
+            raise self._aborted(key) from None
+        except grpc.RpcError as exc:
+            raise _Failed(*status_of(exc)) from None
+        finally:
+            self._untrack(key.exec_id, call)
+
+    def _send_bulk(self, key: Key, header: pb.PeerHeader, array: Any, give_up: float) -> None:
+        """One try over a bulk connection (two if a kept one turns out closed before it took
+        the value); _Failed as a PeerService call would fail."""
+        head, payload = header.SerializeToString(), as_bytes_view(array)
+        while True:
+            left = max(give_up - time.monotonic(), 0.0)
+            try:
+                link = self._links.take(key.dst, min(left, self.timeout))
+            except ssl.SSLError as exc:
+                raise _Failed(grpc.StatusCode.UNAVAILABLE, f"bulk TLS handshake: {exc}") from None
+            except OSError as exc:
+                raise _Failed(grpc.StatusCode.UNAVAILABLE, f"bulk connection: {exc}") from None
+            try:
+                self._track(key, link)
+                link.send(head, payload, give_up, self.timeout)
+            except Refused as exc:
+                self._links.give_back(link)
+                raise _Failed(exc.code, exc.details) from None
+            except OSError as exc:
+                link.close()
+                if link.cancelled:
+                    raise self._aborted(key) from None
+                if link.reused:
+                    continue  # closed while kept; the value never went
+                code = (
+                    grpc.StatusCode.DEADLINE_EXCEEDED
+                    if isinstance(exc, TimeoutError)
+                    else grpc.StatusCode.UNAVAILABLE
+                )
+                raise _Failed(code, f"bulk connection: {exc or type(exc).__name__}") from None
             finally:
-                self._untrack(key.exec_id, call)
+                self._untrack(key.exec_id, link)
+            self._links.give_back(link)
+            return
 
     def recv(self, key: Key, timeout: float) -> Any:
         return self._mailbox.take(key, timeout)
@@ -159,7 +221,7 @@ class PeerCommunicator(Communicator):
         for call in calls:
             call.cancel()
 
-    def _track(self, key: Key, call: grpc.Future) -> None:
+    def _track(self, key: Key, call: _Cancellable) -> None:
         with self._cond:
             if key.exec_id not in self._cancelled:
                 self._sending.setdefault(key.exec_id, set()).add(call)
@@ -167,7 +229,7 @@ class PeerCommunicator(Communicator):
         call.cancel()
         raise self._aborted(key)
 
-    def _untrack(self, exec_id: str, call: grpc.Future) -> None:
+    def _untrack(self, exec_id: str, call: _Cancellable) -> None:
         with self._cond:
             calls = self._sending.get(exec_id)
             if calls is not None:
@@ -207,6 +269,7 @@ class PeerCommunicator(Communicator):
         return peer
 
     def close(self) -> None:
+        self._links.close()
         with self._lock:
             for channel in self._channels.values():
                 channel.close()
@@ -252,21 +315,31 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
         return self._receive(iter([chunk]), self._caller(context))
 
     def _caller(self, context: grpc.ServicerContext) -> str | None:
-        """The party calling (with TLS), refused unless it is one of the other parties."""
+        caller = peer_common_name(context) if self._tls else None
+        self.check_caller(caller)
+        return caller
+
+    def _receive(self, chunks: Iterator[bytes], caller: str | None) -> pb.SendReply:
+        header, parts = read_chunks(chunks, pb.PeerChunk, f"value sent to party {self._rank}")
+        admitted = self.admit(header, caller)
+        self.deliver(admitted, receive_tensor(admitted.ttype, parts, admitted.where))
+        return pb.SendReply()
+
+    def check_caller(self, caller: str | None) -> None:
+        """With TLS, refuse a caller (the CN of its certificate) that is not one of the other
+        parties."""
         if not self._tls:
-            return None
-        caller = peer_common_name(context)
+            return
         others = [name for rank, name in enumerate(self._names) if rank != self._rank]
         if caller not in others:
             raise Forbidden(
                 f"party {self._rank} accepts values only from the other parties {others}, "
                 f"but the caller's certificate names {caller!r}"
             )
-        return caller
 
-    def _receive(self, chunks: Iterator[bytes], caller: str | None) -> pb.SendReply:
-        where = f"value sent to party {self._rank}"
-        header, parts = read_chunks(chunks, pb.PeerChunk, where)
+    def admit(self, header: pb.PeerHeader, caller: str | None) -> Admitted:
+        """The value `header` announces, checked: its ids, that it is for this party and
+        comes from the caller, its type, and that its source has room for it here."""
         key = Key(
             check_scoped_id(header.exec_id, "exec_id"),
             header.op,
@@ -298,6 +371,8 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
                 f"waiting here already; {ttype.nbytes} more would pass the limit of "
                 f"{self._mailbox.max_pending_bytes}"
             )
-        value = receive_tensor(ttype, parts, where)
-        self._mailbox.deliver(key, value, ttype.nbytes)
-        return pb.SendReply()
+        return Admitted(key, ttype, where)
+
+    def deliver(self, admitted: Admitted, value: Any) -> None:
+        """Put an admitted value in the mailbox for its execution to take."""
+        self._mailbox.deliver(admitted.key, value, admitted.ttype.nbytes)

@@ -1,7 +1,8 @@
 """`PartyServer`: one party of a cluster as a gRPC server, and `python -m mpplug.remote.server`.
 
 It serves PartyService to drivers, PeerService to the other parties and the standard
-grpc.health.v1 service, with mutual TLS when the cluster file has TLS paths. A background
+grpc.health.v1 service, with mutual TLS when the cluster file has TLS paths, and takes large
+values from the other parties on its bulk port when it has one. A background
 upkeep closes idle sessions, drops values nobody will receive and cancels stalled streams.
 """
 
@@ -26,14 +27,14 @@ from mpplug.config import ClusterSpec, ServerLimits, is_loopback, split_endpoint
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.kernels.datasets import Datasets
 from mpplug.protos import service_pb2
+from mpplug.remote.bulk import Listener
 from mpplug.remote.channels import server_options
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.peer import PeerCommunicator, PeerServicer
 from mpplug.remote.rpc import add_service
 from mpplug.remote.service import PartyServicer
 from mpplug.remote.session import DEFAULT_IDLE_TIMEOUT
-from mpplug.remote.streaming import CHUNK_BYTES
-from mpplug.remote.tls import channel_credentials, server_credentials
+from mpplug.remote.tls import server_credentials
 from mpplug.runtime.communicator import Mailbox
 from mpplug.runtime.party import Party
 
@@ -46,6 +47,8 @@ UPKEEP_MAX_S = 1.0
 """The longest the upkeep sleeps between rounds (shorter when a limit is shorter)."""
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+KEPT_BLOCK_BYTES = 32 << 20
+"""The largest freed block a party keeps for reuse (glibc's ceiling for the mmap threshold)."""
 
 
 class HealthServicer(health.HealthServicer):
@@ -101,13 +104,7 @@ class PartyServer:
             max_pending_bytes=self.limits.pending_bytes_per_peer,
             unclaimed_ttl=self.limits.unclaimed_value_s,
         )
-        self._comm = PeerCommunicator(
-            spec,
-            self.rank,
-            self._mailbox,
-            credentials=channel_credentials(tls) if tls is not None else None,
-            timeout=timeout,
-        )
+        self._comm = PeerCommunicator(spec, self.rank, self._mailbox, tls=tls, timeout=timeout)
         # Programs are exported for the platform of each party's declared device, cpu by default.
         device = self.party.device or "cpu"
         datasets = Datasets(self.party.name, self.party.data, self.party.outputs)
@@ -130,6 +127,14 @@ class PartyServer:
             session_idle_timeout=session_idle_timeout,
         )
         self._health = HealthServicer()
+        self._peer_service = PeerServicer(
+            spec,
+            self.rank,
+            self._mailbox,
+            slots=Slots("value streams from peers", self.limits.peer_streams),
+            watch=self._watch,
+        )
+        self._bulk: Listener | None = None
         self._server: grpc.Server | None = None
         self._port: int | None = None
         self._stopped = threading.Event()
@@ -151,8 +156,17 @@ class PartyServer:
         )
         # Binding is the last step that can fail: a failed start holds no port (a bound,
         # unstarted gRPC server would keep its port until the process exits).
-        port = self._bind(server)
+        bulk = self._listen_bulk()
+        try:
+            port = self._bind(server)
+        except BaseException:
+            if bulk is not None:
+                bulk.stop()
+            raise
         server.start()
+        if bulk is not None:
+            bulk.start()
+        self._bulk = bulk
         for name in ("", *(service.full_name for service in SERVICES.values())):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._port = server, port
@@ -170,16 +184,30 @@ class PartyServer:
             self.session_idle_timeout,
         )
 
+    def _listen_bulk(self) -> Listener | None:
+        """The bulk listener (bound, not started) if the party has a bulk port."""
+        address = self.party.bulk_listen
+        if address is None:
+            return None
+        try:
+            return Listener(
+                address,
+                self._peer_service,
+                tls=self.party.tls,
+                connections=self.limits.bulk_connections,
+                stall_s=self.limits.stream_idle_s,
+                name=self.party.name,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"party {self.party.name}: cannot listen for bulk values on "
+                f"{address[0]}:{address[1]}: {exc.strerror or exc}"
+            ) from None
+
     def _bind(self, server: grpc.Server) -> int:
         """Register the services and bind the listen address; returns the port. TLS
         credentials were read and checked in __init__."""
-        peer_service = PeerServicer(
-            self.spec,
-            self.rank,
-            self._mailbox,
-            slots=Slots("value streams from peers", self.limits.peer_streams),
-            watch=self._watch,
-        )
+        peer_service = self._peer_service
         add_service(
             server,
             self._service,
@@ -236,6 +264,8 @@ class PartyServer:
             return
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
+        if self._bulk is not None:
+            self._bulk.stop()
         self._service.close()
         self._comm.close()
         self._stopped.set()
@@ -251,16 +281,17 @@ class PartyServer:
 
 
 def keep_chunk_memory() -> None:
-    """Receiving a value allocates about a megabyte per chunk. glibc's malloc hands such
-    blocks back to the OS when freed and faults fresh pages in for the next one, which can
-    cost more than the transfer itself; keep them in the heap for reuse instead. Process-wide,
-    so only the party commands call it; a no-op where malloc is not glibc's."""
+    """Receiving a value allocates a buffer of its size (and, over gRPC, a megabyte per chunk
+    on the way). glibc's malloc maps blocks over 128 KiB fresh for each allocation and faults
+    their pages in anew, which can cost as much as moving the bytes; keep freed blocks of up
+    to KEPT_BLOCK_BYTES in the heap for reuse instead. Process-wide, so only the party
+    commands call it; a no-op where malloc is not glibc's."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
-    mallopt(_M_MMAP_THRESHOLD, 4 * CHUNK_BYTES)
-    mallopt(_M_TRIM_THRESHOLD, 64 * CHUNK_BYTES)
+    mallopt(_M_MMAP_THRESHOLD, KEPT_BLOCK_BYTES)
+    mallopt(_M_TRIM_THRESHOLD, 2 * KEPT_BLOCK_BYTES)
 
 
 SIGNAL_POLL_S = 0.5

@@ -1,0 +1,393 @@
+"""The bulk data plane: values over a chunk move party to party over a connection of their
+own, checked as PeerService checks them, and a bad, stalled, aborted or unauthorized sender is
+refused or cut without taking the listener down. Listeners run in this process, on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.errors import CommTimeoutError, ExecutionAborted, PartyUnavailableError
+from mpplug.protos import service_pb2 as pb
+from mpplug.remote.bulk import MAGIC, Listener, client_context
+from mpplug.remote.certs import DRIVER, with_tls, write_dev_certs
+from mpplug.remote.limits import Slots, StreamWatch
+from mpplug.remote.peer import PEER_SERVICE, PeerCommunicator, PeerServicer
+from mpplug.remote.rpc import add_service
+from mpplug.remote.streaming import CHUNK_BYTES
+from mpplug.runtime import codec
+from mpplug.runtime.communicator import Key, Mailbox
+
+EXEC = "s:e"
+BIG = np.random.default_rng(0).integers(0, 256, 3 * CHUNK_BYTES + 3, dtype=np.uint8)
+
+
+def _key(op: int = 1, src: int = 0, dst: int = 1) -> Key:
+    return Key(EXEC, op, src, dst)
+
+
+def _header(key: Key, value: np.ndarray) -> bytes:
+    return pb.PeerHeader(
+        exec_id=key.exec_id, op=key.op, src=key.src, dst=key.dst, type=codec.encode_type(value)
+    ).SerializeToString()
+
+
+def _offer(sock: socket.socket, header: bytes) -> None:
+    sock.sendall(MAGIC + struct.pack(">I", len(header)) + header)
+
+
+def _reply(sock: socket.socket) -> tuple[grpc.StatusCode, str]:
+    head = _exactly(sock, 5)
+    number, length = struct.unpack(">BI", head)
+    codes = {code.value[0]: code for code in grpc.StatusCode}
+    return codes[number], _exactly(sock, length).decode()
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        part = sock.recv(size - len(data))
+        assert part, f"the listener closed the connection after {len(data)} of {size} bytes"
+        data += part
+    return data
+
+
+def _closed_by_listener(sock: socket.socket, within: float = 5.0) -> bool:
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+class Receiver:
+    """Party `rank` of `spec` taking bulk values into its own mailbox."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        rank: int = 1,
+        *,
+        connections: int = 8,
+        stall_s: float = 10.0,
+        max_pending_bytes: int | None = None,
+    ) -> None:
+        self.mailbox = Mailbox(rank, max_pending_bytes=max_pending_bytes)
+        self.inbox = PeerServicer(
+            spec, rank, self.mailbox, slots=Slots("value streams", 4), watch=StreamWatch(60.0)
+        )
+        party = spec.parties[rank]
+        address = party.bulk_listen
+        assert address is not None
+        self.listener = Listener(
+            address,
+            self.inbox,
+            tls=party.tls,
+            connections=connections,
+            stall_s=stall_s,
+            name=party.name,
+        )
+        self.address = ("127.0.0.1", self.listener.port)
+        self.listener.start()
+
+    def connect(self, identity: TLSFiles | None = None) -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=5.0)
+        if identity is not None:
+            context = client_context(identity)
+            sock = context.wrap_socket(sock)
+        return sock
+
+
+@contextlib.contextmanager
+def receiving(spec: ClusterSpec, rank: int = 1, **options: object) -> Iterator[Receiver]:
+    receiver = Receiver(spec, rank, **options)  # type: ignore[arg-type]
+    try:
+        yield receiver
+    finally:
+        receiver.listener.stop()
+
+
+@contextlib.contextmanager
+def sender(spec: ClusterSpec, rank: int = 0, timeout: float = 5.0) -> Iterator[PeerCommunicator]:
+    comm = PeerCommunicator(spec, rank, Mailbox(rank), tls=spec.parties[rank].tls, timeout=timeout)
+    try:
+        yield comm
+    finally:
+        comm.close()
+
+
+def _bulk_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if "-bulk" in t.name]
+
+
+# -- values arrive, over the bulk port --------------------------------------------------------
+def test_a_value_over_a_chunk_arrives_intact_over_one_kept_connection():
+    spec = ClusterSpec.local(2)  # nothing serves gRPC: the values can only come in bulk
+    matrix = np.arange(2 * CHUNK_BYTES, dtype=np.float32).reshape(1024, -1)
+    with receiving(spec) as receiver, sender(spec) as comm:
+        comm.send(_key(1), BIG)
+        comm.send(_key(2), matrix)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(1), 1.0), BIG)
+        got = receiver.mailbox.take(_key(2), 1.0)
+        assert got.dtype == np.float32 and got.shape == matrix.shape
+        np.testing.assert_array_equal(got, matrix)
+        assert receiver.listener.open_connections() == 1
+
+
+def test_a_party_without_a_bulk_port_gets_large_values_over_grpc():
+    data = ClusterSpec.local(2).to_dict()
+    del data["parties"][1]["bulk"]
+    spec = ClusterSpec.from_dict(data)
+    mailbox = Mailbox(1)
+    servicer = PeerServicer(spec, 1, mailbox, slots=Slots("streams", 4), watch=StreamWatch(60))
+    server = grpc.server(ThreadPoolExecutor(4))
+    add_service(server, servicer, PEER_SERVICE, servicer.RAW_REQUESTS)
+    server.add_insecure_port(spec.parties[1].endpoint)
+    server.start()
+    try:
+        with sender(spec) as comm:
+            comm.send(_key(), BIG)
+        np.testing.assert_array_equal(mailbox.take(_key(), 1.0), BIG)
+    finally:
+        server.stop(0)
+
+
+def test_a_kept_connection_the_receiver_closed_is_replaced():
+    spec = ClusterSpec.local(2)
+    with sender(spec) as comm:
+        with receiving(spec) as receiver:
+            comm.send(_key(1), BIG)
+            np.testing.assert_array_equal(receiver.mailbox.take(_key(1), 1.0), BIG)
+        with receiving(spec) as restarted:  # the kept connection died with the first listener
+            comm.send(_key(2), BIG)
+            np.testing.assert_array_equal(restarted.mailbox.take(_key(2), 1.0), BIG)
+
+
+# -- what the listener refuses ----------------------------------------------------------------
+def test_a_refused_value_is_answered_typed_and_the_connection_goes_on():
+    spec = ClusterSpec.local(2)
+    with receiving(spec) as receiver, receiver.connect() as sock:
+        _offer(sock, _header(_key(dst=0), BIG))
+        wrong_party = f"value {EXEC}/1/0->0 sent to party 1: this is party 1, not 0"
+        assert _reply(sock) == (grpc.StatusCode.INVALID_ARGUMENT, wrong_party)
+        _offer(sock, b"\xff\xff")
+        code, message = _reply(sock)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        assert "the header does not decode as a PeerHeader" in message
+        _offer(sock, _header(_key(), BIG))
+        assert _reply(sock) == (grpc.StatusCode.OK, "")
+        sock.sendall(BIG)
+        assert _reply(sock) == (grpc.StatusCode.OK, "")
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(), 1.0), BIG)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "expected"),
+    [
+        (b"HTTP" + struct.pack(">I", 0), "expected b'MPB1', got b'HTTP'"),
+        (MAGIC + struct.pack(">I", 1 << 20), "a header of 1048576 bytes, over the 65536 allowed"),
+    ],
+    ids=["bad magic", "header too long"],
+)
+def test_a_frame_out_of_protocol_is_answered_then_cut(prefix, expected):
+    spec = ClusterSpec.local(2)
+    with receiving(spec) as receiver:
+        with receiver.connect() as sock:
+            sock.sendall(prefix)
+            assert _reply(sock) == (grpc.StatusCode.INVALID_ARGUMENT, expected)
+            assert _closed_by_listener(sock)
+        with sender(spec) as comm:  # still serving
+            comm.send(_key(), BIG)
+
+
+def test_a_source_over_its_waiting_bytes_is_refused_before_sending_them():
+    spec = ClusterSpec.local(2)
+    with receiving(spec, max_pending_bytes=BIG.nbytes) as receiver, sender(spec) as comm:
+        comm.send(_key(1), BIG)
+        with receiver.connect() as sock:
+            _offer(sock, _header(_key(2), BIG))
+            code, message = _reply(sock)
+            assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"party 0 has {BIG.nbytes} bytes waiting here already" in message
+
+        # The communicator tries again until the receiver has taken the first value.
+        threading.Timer(0.3, receiver.mailbox.take, (_key(1), 1.0)).start()
+        comm.send(_key(2), BIG)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(2), 1.0), BIG)
+
+
+def test_a_value_that_stalls_midway_is_cut_and_the_listener_keeps_serving():
+    spec = ClusterSpec.local(2)
+    with receiving(spec, stall_s=0.5) as receiver:
+        with receiver.connect() as sock:
+            _offer(sock, _header(_key(1), BIG))
+            assert _reply(sock) == (grpc.StatusCode.OK, "")
+            sock.sendall(BIG[:CHUNK_BYTES])
+            started = time.monotonic()
+            assert _closed_by_listener(sock)
+            assert time.monotonic() - started < 3.0
+        with sender(spec) as comm:
+            comm.send(_key(2), BIG)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(2), 1.0), BIG)
+        with pytest.raises(CommTimeoutError):  # the value cut short never reached the mailbox
+            receiver.mailbox.take(_key(1), 0.2)
+
+
+def test_one_connection_over_the_limit_closes_the_longest_idle_one():
+    spec = ClusterSpec.local(2)
+    with receiving(spec, connections=2) as receiver:
+        first, second = receiver.connect(), receiver.connect()
+        _wait_for(lambda: receiver.listener.open_connections() == 2)
+        third = receiver.connect()
+        assert _closed_by_listener(first)
+        _offer(third, _header(_key(), BIG))  # the newcomer is served
+        assert _reply(third) == (grpc.StatusCode.OK, "")
+
+        # With every connection moving a value, one more is closed itself.
+        _offer(second, _header(_key(2), BIG))
+        assert _reply(second) == (grpc.StatusCode.OK, "")
+        fourth = receiver.connect()
+        assert _closed_by_listener(fourth)
+        for sock in (first, second, third, fourth):
+            sock.close()
+
+
+def test_stopping_cuts_every_connection_and_leaves_no_thread():
+    spec = ClusterSpec.local(2)
+    before = _bulk_threads()
+    receiver = Receiver(spec)
+    idle, busy = receiver.connect(), receiver.connect()
+    _offer(busy, _header(_key(), BIG))
+    assert _reply(busy) == (grpc.StatusCode.OK, "")
+    busy.sendall(BIG[:100])
+    _wait_for(lambda: receiver.listener.open_connections() == 2)
+    started = time.monotonic()
+    receiver.listener.stop()
+    assert time.monotonic() - started < 2.0
+    assert _closed_by_listener(idle) and _closed_by_listener(busy)
+    assert _bulk_threads() == before
+    idle.close()
+    busy.close()
+
+
+# -- aborts --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def never_reading(spec: ClusterSpec) -> Iterator[None]:
+    """P1's bulk port answered by a receiver that says go ahead, then reads nothing more."""
+    address = spec.parties[1].bulk_listen
+    assert address is not None
+    server = socket.create_server(("127.0.0.1", address[1]))
+    held: list[socket.socket] = []
+
+    def go_ahead() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            held.append(conn)
+            (length,) = struct.unpack(">I", _exactly(conn, 8)[4:])
+            _exactly(conn, length)
+            conn.sendall(struct.pack(">BI", 0, 0))
+
+    thread = threading.Thread(target=go_ahead, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+        thread.join(5.0)
+
+
+def test_an_abort_cuts_short_a_send_the_receiver_stopped_reading():
+    spec = ClusterSpec.local(2)
+    huge = np.zeros(256 * CHUNK_BYTES, dtype=np.uint8)  # far more than socket buffers hold
+    with never_reading(spec), sender(spec, timeout=60.0) as comm:
+        threading.Timer(0.5, comm.cancel, (EXEC,)).start()
+        started = time.monotonic()
+        with pytest.raises(ExecutionAborted, match="aborted while sending"):
+            comm.send(_key(), huge)
+        assert time.monotonic() - started < 5.0
+
+
+# -- mutual TLS ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tls_spec(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClusterSpec, dict[str, TLSFiles]]:
+    spec = ClusterSpec.local(3)
+    files = write_dev_certs(spec, Path(tmp_path_factory.mktemp("certs")))
+    return with_tls(spec, files), files
+
+
+def test_with_tls_values_arrive_from_the_parties_as_themselves(tls_spec):
+    spec, files = tls_spec
+    with receiving(spec) as receiver:
+        with sender(spec, rank=0) as p0, sender(spec, rank=2) as p2:
+            p0.send(_key(1, src=0), BIG)
+            p2.send(_key(2, src=2), BIG)
+        for key in (_key(1, src=0), _key(2, src=2)):
+            np.testing.assert_array_equal(receiver.mailbox.take(key, 1.0), BIG)
+
+        with receiver.connect(files[DRIVER]) as sock:
+            _offer(sock, _header(_key(3), BIG))
+            code, message = _reply(sock)
+            assert code is grpc.StatusCode.PERMISSION_DENIED
+            assert "accepts values only from the other parties ['P0', 'P2']" in message
+            assert "names 'driver'" in message
+
+        with receiver.connect(files["P2"]) as sock:
+            _offer(sock, _header(_key(4, src=0), BIG))
+            code, message = _reply(sock)
+            assert code is grpc.StatusCode.PERMISSION_DENIED
+            assert "claims to come from 'P0', but the caller's certificate names 'P2'" in message
+
+
+def test_with_tls_a_client_without_a_certificate_is_refused_at_the_handshake(tls_spec):
+    spec, files = tls_spec
+    with receiving(spec) as receiver:
+        context = ssl.create_default_context(cafile=str(files["P0"].ca))
+        context.check_hostname = False
+        with (
+            socket.create_connection(receiver.address, timeout=5.0) as raw,
+            pytest.raises((ssl.SSLError, ConnectionError)),
+            context.wrap_socket(raw) as sock,  # TLS 1.3 reports it at the first read
+        ):
+            _offer(sock, _header(_key(), BIG))
+            sock.recv(1)
+        with sender(spec) as comm:
+            comm.send(_key(), BIG)
+
+
+def test_with_tls_a_sender_refuses_a_listener_that_is_not_the_party_it_dials(tls_spec):
+    spec, _ = tls_spec
+    # P2's listener on P1's bulk port: the sender expects a certificate naming P1.
+    data = spec.to_dict()
+    data["parties"][2]["bulk"] = data["parties"][1]["bulk"]
+    data["parties"][2]["listen"] = data["parties"][2]["endpoint"]
+    impostor_spec = ClusterSpec.from_dict(data)
+    with (
+        receiving(impostor_spec, rank=2),
+        sender(spec, timeout=1.0) as comm,
+        pytest.raises(PartyUnavailableError) as info,
+    ):
+        comm.send(_key(), BIG)
+    assert info.value.party == "P1"
+    assert "presented a certificate naming 'P2', not party 'P1'" in str(info.value)
+
+
+def _wait_for(condition: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
