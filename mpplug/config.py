@@ -609,3 +609,13 @@ def _check_unique(parties: Sequence[PartySpec], source: str) -> None:
                     f"(also parties[{seen[value]}])"
                 )
             seen[value] = rank
+    addresses = {party.endpoint: f"parties[{rank}].endpoint" for rank, party in enumerate(parties)}
+    for rank, party in enumerate(parties):
+        if party.bulk is None:
+            continue
+        if party.bulk in addresses:
+            raise ConfigError(
+                f"{source}.parties[{rank}].bulk: duplicate {party.bulk!r} "
+                f"(also {addresses[party.bulk]})"
+            )
+        addresses[party.bulk] = f"parties[{rank}].bulk"

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 
-from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.config import ClusterSpec, TLSFiles, free_port
 from mpplug.errors import CommTimeoutError, ExecutionAborted, PartyUnavailableError
 from mpplug.protos import service_pb2 as pb
 from mpplug.remote.bulk import MAGIC, Listener, client_context
@@ -74,7 +74,8 @@ def _closed_by_listener(sock: socket.socket, within: float = 5.0) -> bool:
 
 
 class Receiver:
-    """Party `rank` of `spec` taking bulk values into its own mailbox."""
+    """Party `rank` of `spec` taking bulk values into its own mailbox (on `port` instead of
+    its bulk port, if given)."""
 
     def __init__(
         self,
@@ -84,6 +85,7 @@ class Receiver:
         connections: int = 8,
         stall_s: float = 10.0,
         max_pending_bytes: int | None = None,
+        port: int | None = None,
     ) -> None:
         self.mailbox = Mailbox(rank, max_pending_bytes=max_pending_bytes)
         self.inbox = PeerServicer(
@@ -93,7 +95,7 @@ class Receiver:
         address = party.bulk_listen
         assert address is not None
         self.listener = Listener(
-            address,
+            (address[0], port or address[1]),
             self.inbox,
             tls=party.tls,
             connections=connections,
@@ -229,6 +231,35 @@ def test_a_source_over_its_waiting_bytes_is_refused_before_sending_them():
         np.testing.assert_array_equal(receiver.mailbox.take(_key(2), 1.0), BIG)
 
 
+def test_values_offered_at_once_cannot_pass_the_limit_together():
+    spec = ClusterSpec.local(2)
+    with (
+        receiving(spec, max_pending_bytes=BIG.nbytes) as receiver,
+        receiver.connect() as first,
+        receiver.connect() as second,
+    ):
+        _offer(first, _header(_key(1), BIG))
+        assert _reply(first) == (grpc.StatusCode.OK, "")
+        _offer(second, _header(_key(2), BIG))  # the first value's bytes are still on their way
+        code, message = _reply(second)
+        assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "waiting here already or on their way" in message
+        first.sendall(BIG)
+        assert _reply(first) == (grpc.StatusCode.OK, "")
+        assert receiver.mailbox.pending_bytes(0) == BIG.nbytes
+
+
+def test_a_value_cut_off_midway_gives_its_room_back():
+    spec = ClusterSpec.local(2)
+    with receiving(spec, max_pending_bytes=BIG.nbytes) as receiver:
+        with receiver.connect() as sock:
+            _offer(sock, _header(_key(1), BIG))
+            assert _reply(sock) == (grpc.StatusCode.OK, "")
+            sock.sendall(BIG[:100])
+        _wait_for(lambda: receiver.listener.open_connections() == 0)
+        assert receiver.mailbox.pending_bytes(0) == 0
+
+
 def test_a_value_that_stalls_midway_is_cut_and_the_listener_keeps_serving():
     spec = ClusterSpec.local(2)
     with receiving(spec, stall_s=0.5) as receiver:
@@ -262,6 +293,24 @@ def test_one_connection_over_the_limit_closes_the_longest_idle_one():
         fourth = receiver.connect()
         assert _closed_by_listener(fourth)
         for sock in (first, second, third, fourth):
+            sock.close()
+
+
+def test_the_connection_idle_for_longest_is_the_one_closed():
+    spec = ClusterSpec.local(2)
+    with receiving(spec, connections=2) as receiver:
+        first, second = receiver.connect(), receiver.connect()
+        _wait_for(lambda: receiver.listener.open_connections() == 2)
+        time.sleep(0.05)
+        _offer(first, _header(_key(), BIG))  # the first moves a value: idle again only now
+        assert _reply(first) == (grpc.StatusCode.OK, "")
+        first.sendall(BIG)
+        assert _reply(first) == (grpc.StatusCode.OK, "")
+        third = receiver.connect()
+        assert _closed_by_listener(second)
+        _offer(first, _header(_key(2), BIG))
+        assert _reply(first) == (grpc.StatusCode.OK, "")
+        for sock in (first, second, third):
             sock.close()
 
 
@@ -369,12 +418,91 @@ def test_with_tls_a_client_without_a_certificate_is_refused_at_the_handshake(tls
             comm.send(_key(), BIG)
 
 
+def test_with_tls_connections_that_never_shake_hands_count_and_are_cut(tls_spec):
+    spec, _ = tls_spec
+    receiver = Receiver(spec, connections=2)
+    silent = [socket.create_connection(receiver.address) for _ in range(3)]
+    assert _closed_by_listener(silent[0])  # the longest waiting made room for the third
+    _wait_for(lambda: receiver.listener.open_connections() == 2)
+    started = time.monotonic()
+    receiver.listener.stop()
+    assert time.monotonic() - started < 2.0
+    assert all(_closed_by_listener(sock) for sock in silent[1:])
+    for sock in silent:
+        sock.close()
+
+
+def test_with_tls_an_abort_cuts_short_a_handshake_that_never_ends(tls_spec):
+    spec, _ = tls_spec
+    address = spec.parties[1].bulk_listen
+    assert address is not None
+    with (
+        socket.create_server(("127.0.0.1", address[1])),  # accepts, never answers
+        sender(spec, timeout=30.0) as comm,
+    ):
+        threading.Timer(0.3, comm.cancel, (EXEC,)).start()
+        started = time.monotonic()
+        with pytest.raises(ExecutionAborted, match="aborted while sending"):
+            comm.send(_key(), BIG)
+        assert time.monotonic() - started < 3.0
+
+
+class Tap:
+    """A TCP relay from `port` to a listener at `to`, keeping every byte the sender wrote."""
+
+    def __init__(self, port: int, to: tuple[str, int]) -> None:
+        self.seen = bytearray()
+        self._server = socket.create_server(("127.0.0.1", port))
+        self._to = to
+        self._thread = threading.Thread(target=self._relay, daemon=True)
+        self._thread.start()
+
+    def _relay(self) -> None:
+        with contextlib.suppress(OSError):
+            inbound, _ = self._server.accept()
+            outbound = socket.create_connection(self._to)
+            back = threading.Thread(target=self._pipe, args=(outbound, inbound, None))
+            back.start()
+            self._pipe(inbound, outbound, self.seen)
+            back.join()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket, seen: bytearray | None) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(1 << 16):
+                if seen is not None:
+                    seen += data
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._server.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_what_crosses_the_wire_is_the_value_only_without_tls(tls, tls_spec):
+    spec = tls_spec[0] if tls else ClusterSpec.local(3)
+    listener_port = free_port()
+    receiver = Receiver(spec, port=listener_port)  # senders dial the tap at P1's bulk port
+    tap = Tap(spec.parties[1].bulk_listen[1], ("127.0.0.1", listener_port))  # type: ignore[index]
+    try:
+        with sender(spec) as comm:
+            comm.send(_key(), BIG)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(), 1.0), BIG)
+    finally:
+        receiver.listener.stop()
+        tap.close()
+    assert len(tap.seen) > BIG.nbytes
+    assert (bytes(BIG[:4096]) in tap.seen) is not tls
+
+
 def test_with_tls_a_sender_refuses_a_listener_that_is_not_the_party_it_dials(tls_spec):
     spec, _ = tls_spec
     # P2's listener on P1's bulk port: the sender expects a certificate naming P1.
     data = spec.to_dict()
     data["parties"][2]["bulk"] = data["parties"][1]["bulk"]
-    data["parties"][2]["listen"] = data["parties"][2]["endpoint"]
+    data["parties"][1]["bulk"] = f"127.0.0.1:{free_port()}"
     impostor_spec = ClusterSpec.from_dict(data)
     with (
         receiving(impostor_spec, rank=2),

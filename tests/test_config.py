@@ -91,6 +91,19 @@ def test_bad_bulk_ports_are_named(bulk: Any, expected: str):
     assert load_error(data).startswith(expected)
 
 
+def test_a_bulk_address_may_be_no_other_partys_address():
+    data = two_parties()
+    data["parties"][0]["endpoint"] = "10.0.0.1:7009"
+    data["parties"][1]["bulk"] = "10.0.0.1:7009"
+    assert load_error(data) == (
+        "cluster.parties[1].bulk: duplicate '10.0.0.1:7009' (also parties[0].endpoint)"
+    )
+    data["parties"][0]["bulk"] = data["parties"][1]["bulk"] = "10.0.0.3:7001"
+    assert load_error(data) == (
+        "cluster.parties[1].bulk: duplicate '10.0.0.3:7001' (also parties[0].bulk)"
+    )
+
+
 def test_local_clusters_give_every_party_ports_of_its_own():
     spec = ClusterSpec.local(3)
     ports = [p.port for p in spec.parties] + [p.bulk_listen[1] for p in spec.parties]  # type: ignore[index]

@@ -76,15 +76,32 @@ def test_values_for_an_execution_that_never_starts_expire():
 def test_each_source_may_have_only_so_many_bytes_waiting():
     mailbox = Mailbox(0, max_pending_bytes=100)
     mailbox.deliver(Key("s:e", 1, 1, 0), "a", 60)
-    assert not mailbox.has_room(1, 60) and mailbox.has_room(2, 60)
-    with pytest.raises(MailboxFull, match=r"party 1 already has 60 bytes waiting here, the limit"):
+    full = r"party 1 already has 60 bytes waiting here or on their way, the limit is 100"
+    with pytest.raises(MailboxFull, match=full):
         mailbox.deliver(Key("s:e", 2, 1, 0), "b", 60)
     mailbox.deliver(Key("s:e", 2, 2, 0), "c", 60)  # another source has its own room
     assert mailbox.take(Key("s:e", 1, 1, 0), timeout=1.0) == "a"
     mailbox.deliver(Key("s:e", 2, 1, 0), "b", 60)
     assert mailbox.pending_bytes(1) == 60
     mailbox.deliver(Key("s:e", 3, 3, 0), "huge", 1000)  # one value of any size, if none wait
-    assert not mailbox.has_room(3, 1)
+    with pytest.raises(MailboxFull):
+        mailbox.reserve(3, 1, "value x")
+
+
+def test_values_on_their_way_count_against_their_source_until_delivered_or_released():
+    mailbox = Mailbox(0, max_pending_bytes=100)
+    mailbox.reserve(1, 60, "value a")
+    with pytest.raises(MailboxFull, match=r"value b \(60 bytes\) refused: party 1 already has 60"):
+        mailbox.reserve(1, 60, "value b")  # two at once may not pass the limit together
+    mailbox.deliver(Key("s:e", 1, 1, 0), "a", 60, reserved=True)
+    assert mailbox.pending_bytes(1) == 60
+    assert mailbox.take(Key("s:e", 1, 1, 0), timeout=1.0) == "a"
+    mailbox.reserve(1, 60, "value c")
+    mailbox.release(1, 60)  # its bytes never came
+    mailbox.finish("s:done")
+    mailbox.reserve(1, 60, "value d")
+    mailbox.deliver(Key("s:done", 1, 1, 0), "d", 60, reserved=True)  # dropped, and uncounted
+    assert mailbox.pending_bytes(1) == 0 and mailbox.pending() == 0
 
 
 def test_an_abort_reason_is_cut_short():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import mpplug as mp
-from mpplug.config import ClusterSpec
+from mpplug.config import ClusterSpec, free_port
 from mpplug.core import DType, TensorType
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import ConfigError, MPPlugError
@@ -159,10 +160,18 @@ def test_a_party_server_reports_a_taken_port_and_stops_cleanly():
     first = PartyServer(spec, "P0", timeout=5.0)
     first.start()
     second = PartyServer(spec, "P0")
+    data = spec.to_dict()
+    data["parties"][0]["bulk"] = f"127.0.0.1:{free_port()}"
+    other_bulk = ClusterSpec.from_dict(data)
+    third = PartyServer(other_bulk, "P0")
     try:
         assert first.port == spec.parties[0].port
-        with pytest.raises(ConfigError, match=r"party P0: cannot listen on 127\.0\.0\.1:"):
+        with pytest.raises(ConfigError, match=r"party P0: cannot listen for bulk values on"):
             second.start()
+        with pytest.raises(ConfigError, match=r"party P0: cannot listen on 127\.0\.0\.1:"):
+            third.start()  # its bulk port was bound, and is let go again
+        with socket.create_server(other_bulk.parties[0].bulk_listen):  # type: ignore[arg-type]
+            pass
         assert query_status(spec, "P0").serving
     finally:
         first.stop(grace=0.5)

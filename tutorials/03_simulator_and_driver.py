@@ -69,12 +69,13 @@ def run(cluster: mp.Cluster, spec: ClusterSpec) -> dict[str, list[Any]]:
 
 
 def on_free_ports(shipped: Path, copy: Path) -> Path:
-    """Write `copy`: the cluster file `shipped` with every party at a free loopback port.
+    """Write `copy`: the cluster file `shipped` with every party at free loopback ports.
     Loading it resolved the data and outputs paths, so the copy holds them absolute."""
     spec = ClusterSpec.from_yaml(shipped)
     config = spec.to_dict()
     for party, local in zip(config["parties"], ClusterSpec.local(spec.names).parties, strict=True):
         party["endpoint"] = party["listen"] = local.endpoint
+        party["bulk"] = local.bulk
     copy.write_text(yaml.safe_dump(config, sort_keys=False))
     return copy
 

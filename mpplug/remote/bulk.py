@@ -20,7 +20,9 @@ the receiver that the value claims to come from the party that connected.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import select
 import socket
 import ssl
@@ -33,7 +35,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.config import ClusterSpec, TLSFiles, split_endpoint
 from mpplug.core import TensorType
 from mpplug.protos import service_pb2 as pb
 from mpplug.remote.rpc import REFUSALS, BadRequest, refusal_of
@@ -52,10 +54,18 @@ MAX_REPLY_BYTES = 1 << 14
 """The longest reply message a sender reads (refusals are cut to 1024 characters)."""
 SLICE_BYTES = 8 << 20
 """A sender checks its deadline and the link's progress every this many bytes."""
-IDLE_LINKS_PER_PEER = 4
+IDLE_LINKS_PER_PEER = 2
 """Open connections a sender keeps per peer between values."""
 IDLE_CONNECTION_S = 300.0
 """A receiver closes a connection that brings no value for this long."""
+KEPT_LINK_S = IDLE_CONNECTION_S / 2
+"""A sender drops a kept connection idle for this long rather than race the receiver's close."""
+HANDSHAKE_S = 10.0
+"""The longest a receiver waits for a TLS handshake (or the stall limit, if shorter)."""
+CONNECT_POLL_MS = 50
+"""How often a connecting sender looks whether its send was cancelled."""
+ACCEPT_RETRY_S = 0.1
+"""The pause after accept fails (out of file descriptors, say) before accepting again."""
 
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 _OK = grpc.StatusCode.OK
@@ -79,13 +89,16 @@ class Admitted(NamedTuple):
 
 
 class Inbox(Protocol):
-    """Where values go: PeerServicer checks and delivers them, for PeerService and here."""
+    """Where values go: PeerServicer checks and delivers them, for PeerService and here.
+    `admit` reserves room for the value; `deliver` or `release` gives it back."""
 
     def check_caller(self, caller: str | None) -> None: ...
 
     def admit(self, header: pb.PeerHeader, caller: str | None) -> Admitted: ...
 
     def deliver(self, admitted: Admitted, value: Any) -> None: ...
+
+    def release(self, admitted: Admitted) -> None: ...
 
 
 # -- TLS ------------------------------------------------------------------------------------
@@ -130,15 +143,12 @@ def _cut_off(sock: socket.socket) -> None:
 
 
 # -- framing --------------------------------------------------------------------------------
-def _read_exact(sock: socket.socket, size: int, *, at_start: bool = False) -> bytes | None:
-    """Exactly `size` bytes; None if the connection ends before the first one and
-    `at_start`; ConnectionError if it ends anywhere else."""
+def _read_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes; ConnectionError if the connection ends first."""
     data = bytearray()
     while len(data) < size:
         part = sock.recv(size - len(data))
         if not part:
-            if at_start and not data:
-                return None
             raise ConnectionError(f"connection closed after {len(data)} of {size} bytes")
         data += part
     return bytes(data)
@@ -159,12 +169,10 @@ def _reply(sock: socket.socket, code: grpc.StatusCode, message: str = "") -> Non
 
 
 def _read_reply(sock: socket.socket) -> tuple[grpc.StatusCode, str]:
-    head = _read_exact(sock, _REPLY.size)
-    assert head is not None
-    number, length = _REPLY.unpack(head)
+    number, length = _REPLY.unpack(_read_exact(sock, _REPLY.size))
     if length > MAX_REPLY_BYTES:
         raise ConnectionError(f"a reply of {length} bytes, over the {MAX_REPLY_BYTES} allowed")
-    message = _read_exact(sock, length) or b""
+    message = _read_exact(sock, length)
     code = _STATUS.get(number)
     if code is None:
         raise ConnectionError(f"a reply with status {number}, which is no gRPC status code")
@@ -172,67 +180,137 @@ def _read_reply(sock: socket.socket) -> tuple[grpc.StatusCode, str]:
 
 
 # -- sending --------------------------------------------------------------------------------
-class Link:
-    """One open connection to a peer's bulk listener; `cancel` cuts it from any thread."""
+class DeadlinePassed(TimeoutError):
+    """A send's whole deadline passed (a stall alone is a plain TimeoutError)."""
 
-    def __init__(self, sock: socket.socket, rank: int) -> None:
-        self.sock = sock
+
+def _keep_alive(sock: socket.socket, idle_s: float) -> None:
+    """Probe an idle connection after `idle_s`, so a peer gone without a word (a host lost, a
+    NAT that forgot the connection) is noticed by the kernel."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    seconds = max(1, int(idle_s))
+    for option, value in (
+        ("TCP_KEEPIDLE", seconds),
+        ("TCP_KEEPINTVL", seconds),
+        ("TCP_KEEPCNT", 3),
+    ):
+        if hasattr(socket, option):  # Linux; other systems keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+class Link:
+    """A connection to party `rank`'s bulk listener, opened by its first `send`; `cancel`
+    cuts it from any thread, while it connects, shakes hands or moves bytes."""
+
+    def __init__(self, rank: int, name: str, address: tuple[str, int]) -> None:
         self.rank = rank
+        self.name = name
+        self.address = address
+        self.sock: socket.socket | None = None
         self.reused = False
         self.cancelled = False
+        self.idle_since = 0.0
 
     def cancel(self) -> None:
         self.cancelled = True
-        _cut_off(self.sock)
+        if self.sock is not None:
+            _cut_off(self.sock)
 
     def close(self) -> None:
-        _cut_off(self.sock)
-        self.sock.close()
+        if self.sock is not None:
+            _cut_off(self.sock)
+            self.sock.close()
 
     def idle_and_open(self) -> bool:
-        """Whether the connection is still usable: an idle link has nothing to read, so a
-        readable one was closed (or written to) by the other end."""
-        try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-        except (OSError, ValueError):
+        """Whether the connection is still usable: an idle link has nothing to read, so one
+        with an event was closed (or written to) by the other end."""
+        if self.sock is None:
             return False
-        return not readable
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
 
-    def send(self, header: bytes, payload: memoryview, give_up: float, stall_s: float) -> None:
-        """Offer the value, then move its bytes once the receiver says go ahead. Refused if it
-        says otherwise (the link stays usable); OSError if the connection fails or stalls for
-        `stall_s`, or `give_up` passes."""
-        self._wait(give_up, stall_s)
-        self.sock.sendall(_REQUEST.pack(MAGIC, len(header)) + header)
-        self._answer(give_up, stall_s)
+    def send(
+        self,
+        header: bytes,
+        payload: memoryview,
+        give_up: float,
+        stall_s: float,
+        context: ssl.SSLContext | None,
+    ) -> None:
+        """Connect if not connected, offer the value, then move its bytes once the receiver
+        says go ahead. Refused if it says otherwise (the link stays usable); OSError if the
+        connection fails or stalls for `stall_s` (DeadlinePassed once `give_up` passes)."""
+        if self.sock is None:
+            self._connect(give_up, stall_s, context)
+        sock = self.sock
+        assert sock is not None
+        self._wait(sock, give_up, stall_s)
+        sock.sendall(_REQUEST.pack(MAGIC, len(header)) + header)
+        self._answer(sock, give_up, stall_s)
         self.reused = False  # a failure from here on is no stale connection: the value is offered
         for start in range(0, len(payload), SLICE_BYTES):
-            self._wait(give_up, stall_s)
-            self.sock.sendall(payload[start : start + SLICE_BYTES])
-        self._wait(give_up, stall_s)
-        self._answer(give_up, stall_s)
+            self._wait(sock, give_up, stall_s)
+            sock.sendall(payload[start : start + SLICE_BYTES])
+        self._answer(sock, give_up, stall_s)
 
-    def _wait(self, give_up: float, stall_s: float) -> None:
+    def _connect(self, give_up: float, stall_s: float, context: ssl.SSLContext | None) -> None:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            *self.address, type=socket.SOCK_STREAM
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        self.sock = sock
+        if self.cancelled:
+            raise ConnectionAbortedError("the send was cancelled")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _keep_alive(sock, stall_s / 4)
+        sock.setblocking(False)
+        error = sock.connect_ex(address)
+        if error not in (0, errno.EINPROGRESS):
+            raise OSError(error, os.strerror(error))
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        while not poller.poll(CONNECT_POLL_MS):  # a cancel cannot cut a connect short
+            if self.cancelled:
+                raise ConnectionAbortedError("the send was cancelled")
+            self._wait(sock, give_up, stall_s)
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            raise OSError(error, os.strerror(error))
+        if context is not None:
+            sock.setblocking(True)
+            self.sock = sock = context.wrap_socket(sock, do_handshake_on_connect=False)
+            if self.cancelled:
+                raise ConnectionAbortedError("the send was cancelled")
+            self._wait(sock, give_up, stall_s)
+            sock.do_handshake()
+            if common_name(sock) != self.name:
+                raise ssl.SSLError(
+                    f"the bulk listener at {self.address[0]}:{self.address[1]} presented a "
+                    f"certificate naming {common_name(sock)!r}, not party {self.name!r}"
+                )
+
+    @staticmethod
+    def _wait(sock: socket.socket, give_up: float, stall_s: float) -> None:
         left = give_up - time.monotonic()
         if left <= 0:
-            raise TimeoutError("the send's deadline passed")
-        self.sock.settimeout(min(left, stall_s))
+            raise DeadlinePassed("the send's deadline passed")
+        sock.settimeout(min(left, stall_s))
 
-    def _answer(self, give_up: float, stall_s: float) -> None:
-        self._wait(give_up, stall_s)
-        code, message = _read_reply(self.sock)
+    def _answer(self, sock: socket.socket, give_up: float, stall_s: float) -> None:
+        self._wait(sock, give_up, stall_s)
+        code, message = _read_reply(sock)
         if code is not _OK:
             raise Refused(code, message)
 
 
 class Links:
     """Connections from this party to the other parties' bulk listeners, opened on first use
-    and kept (up to IDLE_LINKS_PER_PEER per peer) for the next values."""
+    and kept (up to IDLE_LINKS_PER_PEER per peer, for up to KEPT_LINK_S) for the next values."""
 
-    def __init__(self, spec: ClusterSpec, rank: int, tls: TLSFiles | None) -> None:
+    def __init__(self, spec: ClusterSpec, tls: TLSFiles | None) -> None:
         self._spec = spec
-        self._rank = rank
-        self._context = client_context(tls) if tls is not None else None
+        self.context = client_context(tls) if tls is not None else None
         self._idle: dict[int, list[Link]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -241,41 +319,25 @@ class Links:
         """Whether party `rank` takes values over a bulk connection."""
         return self._spec.parties[rank].bulk is not None
 
-    def take(self, rank: int, timeout: float) -> Link:
-        """An open link to party `rank`: an idle one, or a new one (OSError if it cannot be
-        made within `timeout`, ssl.SSLError if the party is not who it should be)."""
+    def take(self, rank: int) -> Link:
+        """A link to party `rank`: a kept one still open, or a new one (connected by its
+        first send)."""
+        stale = time.monotonic() - KEPT_LINK_S
         with self._lock:
             idle = self._idle.get(rank, [])
             while idle:
                 link = idle.pop()
-                if link.idle_and_open():
+                if link.idle_since > stale and link.idle_and_open():
                     link.reused = True
                     return link
                 link.close()
-        return self._dial(rank, timeout)
-
-    def _dial(self, rank: int, timeout: float) -> Link:
         party = self._spec.parties[rank]
         assert party.bulk is not None
-        host, port = party.bulk.rsplit(":", 1)
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._context is not None:
-                sock = self._context.wrap_socket(sock)
-                if common_name(sock) != party.name:
-                    raise ssl.SSLError(
-                        f"the bulk listener at {party.bulk} presented a certificate naming "
-                        f"{common_name(sock)!r}, not party {party.name!r}"
-                    )
-        except BaseException:
-            _cut_off(sock)
-            sock.close()
-            raise
-        return Link(sock, rank)
+        return Link(rank, party.name, split_endpoint(party.bulk, f"party {party.name} bulk"))
 
     def give_back(self, link: Link) -> None:
         """Keep `link` for the next value to its party (or close it if enough are kept)."""
+        link.idle_since = time.monotonic()
         with self._lock:
             idle = self._idle.setdefault(link.rank, [])
             if not self._closed and not link.cancelled and len(idle) < IDLE_LINKS_PER_PEER:
@@ -294,19 +356,22 @@ class Links:
 
 # -- receiving ------------------------------------------------------------------------------
 class _Connection:
-    __slots__ = ("idle", "sock")
+    """An accepted connection; `idle_since` is None while it moves a value."""
+
+    __slots__ = ("idle_since", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.idle = True
+        self.idle_since: float | None = time.monotonic()
 
 
 class Listener:
     """A party's bulk listener: a thread accepting connections and one serving each.
 
-    At most `connections` are open at once; one more closes the longest-idle one to make
-    room, or is closed itself if all of them are moving values. A connection that stalls for
-    `stall_s` mid-value, or brings nothing for IDLE_CONNECTION_S, is closed.
+    At most `connections` are open at once; one more closes the one idle for longest
+    (a TLS handshake not yet done counts as idle) to make room, or is closed itself if all
+    are moving values. A connection that stalls for `stall_s` mid-value, or brings nothing
+    for IDLE_CONNECTION_S, is closed.
     """
 
     def __init__(
@@ -325,11 +390,11 @@ class Listener:
         self._stall_s = stall_s
         self._name = name
         host, port = address
-        if host in ("::", "[::]") and socket.has_dualstack_ipv6():
+        if host == "::" and socket.has_dualstack_ipv6():
             server = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            server = socket.create_server((host.strip("[]"), port), family=family)
+            server = socket.create_server((host, port), family=family)
         self._server = server
         self.port: int = server.getsockname()[1]
         self._open: dict[int, _Connection] = {}  # by id
@@ -353,13 +418,14 @@ class Listener:
         with self._lock:
             self._stopped = True
             cut = [conn.sock for conn in self._open.values()]
-            threads = list(self._threads)
         _cut_off(self._server)
         self._server.close()
         for sock in cut:
             _cut_off(sock)
         if self._acceptor.is_alive():
             self._acceptor.join()
+        with self._lock:  # no thread starts once the acceptor has ended
+            threads = list(self._threads)
         for thread in threads:
             thread.join()
 
@@ -367,76 +433,105 @@ class Listener:
         while True:
             try:
                 sock, _ = self._server.accept()
-            except OSError:
-                return  # stopped
-            with self._lock:
+            except OSError as exc:
                 if self._stopped:
-                    sock.close()
                     return
-                if not self._make_room():
+                log.warning("party %s: accepting a bulk connection failed: %s", self._name, exc)
+                time.sleep(ACCEPT_RETRY_S)  # out of file descriptors, say: let some close
+                continue
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self._stopped or not self._make_room():
+                if not self._stopped:
                     log.warning(
                         "party %s: refused a bulk connection: all %d are moving values",
                         self._name,
                         self._limit,
                     )
-                    sock.close()
-                    continue
-                conn = _Connection(sock)
-                self._open[id(conn)] = conn
-                thread = threading.Thread(
-                    target=self._serve, args=(conn,), name=f"mpplug-{self._name}-bulk-in"
-                )
-                self._threads.add(thread)
-            thread.start()
+                sock.close()
+                return
+            conn = _Connection(sock)
+            thread = threading.Thread(
+                target=self._serve,
+                args=(conn,),
+                name=f"mpplug-{self._name}-bulk-in",
+                daemon=True,
+            )
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no more threads
+                log.warning("party %s: refused a bulk connection: %s", self._name, exc)
+                sock.close()
+                return
+            self._open[id(conn)] = conn
+            self._threads = {t for t in self._threads if t.is_alive()}  # stop joins the rest
+            self._threads.add(thread)
 
     def _make_room(self) -> bool:
-        """With the lock held: whether one more connection may open, closing the first idle
-        one if the limit is reached."""
+        """With the lock held: whether one more connection may open, closing the one idle
+        for longest if the limit is reached."""
         if len(self._open) < self._limit:
             return True
-        for conn in self._open.values():
-            if conn.idle:
-                conn.idle = False  # its thread sees the connection end
-                _cut_off(conn.sock)
-                return True
-        return False
+        idle = [conn for conn in self._open.values() if conn.idle_since is not None]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda conn: conn.idle_since or 0.0)
+        oldest.idle_since = None  # its thread sees the connection end
+        _cut_off(oldest.sock)
+        return True
 
     def _serve(self, conn: _Connection) -> None:
-        sock = conn.sock
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self._stall_s)
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _keep_alive(conn.sock, self._stall_s / 4)
             if self._context is not None:
-                sock = conn.sock = self._context.wrap_socket(sock, server_side=True)
-            caller = common_name(sock)
+                self._shake_hands(conn)
+            caller = common_name(conn.sock)
             try:
                 self._inbox.check_caller(caller)
             except REFUSALS as exc:
                 code, message, _ = refusal_of(exc)
-                _reply(sock, code, message)
+                _reply(conn.sock, code, message)
                 return
             while self._take_value(conn, caller):
                 pass
-        except (OSError, ConnectionError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # the connection failed, stalled or was cut
             log.debug("party %s: bulk connection ended: %s", self._name, exc)
+        except Exception:
+            log.exception("party %s: bulk connection failed", self._name)
         finally:
             with self._lock:
                 self._open.pop(id(conn), None)
-                self._threads.discard(threading.current_thread())
-            _cut_off(sock)
-            sock.close()
+            _cut_off(conn.sock)
+            conn.sock.close()
+
+    def _shake_hands(self, conn: _Connection) -> None:
+        """Wrap the connection in TLS first, so that a cut from another thread reaches the
+        handshake, then shake hands within HANDSHAKE_S."""
+        assert self._context is not None
+        wrapped = self._context.wrap_socket(
+            conn.sock, server_side=True, do_handshake_on_connect=False
+        )
+        with self._lock:
+            conn.sock = wrapped
+            if self._stopped or conn.idle_since is None:
+                raise ConnectionAbortedError("closed before its handshake")
+        wrapped.settimeout(min(HANDSHAKE_S, self._stall_s))
+        wrapped.do_handshake()
 
     def _take_value(self, conn: _Connection, caller: str | None) -> bool:
         """Serve one value on `conn`; False when the connection should close."""
         sock = conn.sock
         sock.settimeout(IDLE_CONNECTION_S)
-        first = _read_exact(sock, 1, at_start=True)
+        first = sock.recv(1)
         with self._lock:
-            if first is None or not conn.idle or self._stopped:
+            if not first or conn.idle_since is None or self._stopped:
                 return False  # closed by the peer, to make room, or by stop
-            conn.idle = False
+            conn.idle_since = None
         sock.settimeout(self._stall_s)
-        magic, length = _REQUEST.unpack(first + (_read_exact(sock, _REQUEST.size - 1) or b""))
+        magic, length = _REQUEST.unpack(first + _read_exact(sock, _REQUEST.size - 1))
         if magic != MAGIC:
             _reply(sock, grpc.StatusCode.INVALID_ARGUMENT, f"expected {MAGIC!r}, got {magic!r}")
             return False
@@ -444,7 +539,7 @@ class Listener:
             message = f"a header of {length} bytes, over the {MAX_HEADER_BYTES} allowed"
             _reply(sock, grpc.StatusCode.INVALID_ARGUMENT, message)
             return False
-        raw = _read_exact(sock, length) or b""
+        raw = _read_exact(sock, length)
         try:
             try:
                 header = pb.PeerHeader.FromString(raw)
@@ -455,20 +550,33 @@ class Listener:
             code, message, _ = refusal_of(exc)
             _reply(sock, code, message)
             return self._idle_again(conn)
-        _reply(sock, _OK)
-        buffer = np.empty(admitted.ttype.nbytes, dtype=np.uint8)
-        _read_into(sock, as_bytes_view(buffer))
         try:
-            value = codec.from_buffer(admitted.ttype, buffer, admitted.where)
+            value = self._receive(sock, admitted)
+        except BaseException:
+            self._inbox.release(admitted)
+            raise
+        if value is not None:
             self._inbox.deliver(admitted, value)
-        except REFUSALS as exc:
-            code, message, _ = refusal_of(exc)
-            _reply(sock, code, message)
-            return self._idle_again(conn)
-        _reply(sock, _OK)
+            _reply(sock, _OK)
         return self._idle_again(conn)
+
+    def _receive(self, sock: socket.socket, admitted: Admitted) -> np.ndarray[Any, Any] | None:
+        """The admitted value's bytes, read into a buffer of their size once the sender is
+        told to go ahead; None (and the sender told why) if no buffer can be had."""
+        try:
+            buffer = np.empty(admitted.ttype.nbytes, dtype=np.uint8)
+        except MemoryError:
+            message = f"{admitted.where}: no memory for its {admitted.ttype.nbytes} bytes"
+            _reply(sock, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+            self._inbox.release(admitted)
+            return None
+        _reply(sock, _OK)
+        _read_into(sock, as_bytes_view(buffer))
+        return codec.from_buffer(admitted.ttype, buffer, admitted.where)
 
     def _idle_again(self, conn: _Connection) -> bool:
         with self._lock:
-            conn.idle = not self._stopped
-            return conn.idle
+            if self._stopped:
+                return False
+            conn.idle_since = time.monotonic()
+            return True

@@ -25,7 +25,7 @@ from mpplug.core.validate import MAX_REGION_DEPTH
 from mpplug.errors import ExecutionAborted, PartyUnavailableError, WireError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
-from mpplug.remote.bulk import Admitted, Links, Refused
+from mpplug.remote.bulk import Admitted, DeadlinePassed, Links, Refused
 from mpplug.remote.channels import keepalive_for, open_channel
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.rpc import (
@@ -47,7 +47,7 @@ from mpplug.remote.streaming import (
 )
 from mpplug.remote.tls import channel_credentials, peer_common_name
 from mpplug.runtime import codec
-from mpplug.runtime.communicator import ABORTED_MEMORY, Communicator, Key, Mailbox
+from mpplug.runtime.communicator import ABORTED_MEMORY, Communicator, Key, Mailbox, MailboxFull
 
 PEER_SERVICE = pb.DESCRIPTOR.services_by_name["PeerService"]
 
@@ -107,7 +107,7 @@ class PeerCommunicator(Communicator):
         self._channels: dict[int, grpc.Channel] = {}
         self._peers: dict[int, SimpleNamespace] = {}
         self._lock = threading.Lock()
-        self._links = Links(spec, rank, tls)
+        self._links = Links(spec, tls)
         self._sending: dict[str, set[_Cancellable]] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._cond = threading.Condition()
@@ -163,35 +163,32 @@ class PeerCommunicator(Communicator):
             self._untrack(key.exec_id, call)
 
     def _send_bulk(self, key: Key, header: pb.PeerHeader, array: Any, give_up: float) -> None:
-        """One try over a bulk connection (two if a kept one turns out closed before it took
-        the value); _Failed as a PeerService call would fail."""
+        """One try over a bulk connection (another at once if a kept one turns out closed
+        before it took the value); _Failed as a PeerService call would fail."""
         head, payload = header.SerializeToString(), as_bytes_view(array)
         while True:
-            left = max(give_up - time.monotonic(), 0.0)
-            try:
-                link = self._links.take(key.dst, min(left, self.timeout))
-            except ssl.SSLError as exc:
-                raise _Failed(grpc.StatusCode.UNAVAILABLE, f"bulk TLS handshake: {exc}") from None
-            except OSError as exc:
-                raise _Failed(grpc.StatusCode.UNAVAILABLE, f"bulk connection: {exc}") from None
+            link = self._links.take(key.dst)
             try:
                 self._track(key, link)
-                link.send(head, payload, give_up, self.timeout)
+                link.send(head, payload, give_up, self.timeout, self._links.context)
             except Refused as exc:
                 self._links.give_back(link)
                 raise _Failed(exc.code, exc.details) from None
-            except OSError as exc:
+            except (OSError, ssl.SSLError) as exc:
                 link.close()
-                if link.cancelled:
+                if link.cancelled or key.exec_id in self._cancelled:
                     raise self._aborted(key) from None
-                if link.reused:
+                if link.reused and not isinstance(exc, TimeoutError):
                     continue  # closed while kept; the value never went
                 code = (
                     grpc.StatusCode.DEADLINE_EXCEEDED
-                    if isinstance(exc, TimeoutError)
-                    else grpc.StatusCode.UNAVAILABLE
+                    if isinstance(exc, DeadlinePassed)
+                    else grpc.StatusCode.UNAVAILABLE  # down, cut off or stalled: tried again
                 )
                 raise _Failed(code, f"bulk connection: {exc or type(exc).__name__}") from None
+            except BaseException:
+                link.close()
+                raise
             finally:
                 self._untrack(key.exec_id, link)
             self._links.give_back(link)
@@ -322,7 +319,12 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
     def _receive(self, chunks: Iterator[bytes], caller: str | None) -> pb.SendReply:
         header, parts = read_chunks(chunks, pb.PeerChunk, f"value sent to party {self._rank}")
         admitted = self.admit(header, caller)
-        self.deliver(admitted, receive_tensor(admitted.ttype, parts, admitted.where))
+        try:
+            value = receive_tensor(admitted.ttype, parts, admitted.where)
+        except BaseException:
+            self.release(admitted)
+            raise
+        self.deliver(admitted, value)
         return pb.SendReply()
 
     def check_caller(self, caller: str | None) -> None:
@@ -339,7 +341,8 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
 
     def admit(self, header: pb.PeerHeader, caller: str | None) -> Admitted:
         """The value `header` announces, checked: its ids, that it is for this party and
-        comes from the caller, its type, and that its source has room for it here."""
+        comes from the caller, its type, and that its source has room for it here, which is
+        reserved for it: `deliver` or `release` it."""
         key = Key(
             check_scoped_id(header.exec_id, "exec_id"),
             header.op,
@@ -365,14 +368,20 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
                 f"certificate names {caller!r}"
             )
         ttype = codec.decode_type(header.type, where)
-        if not self._mailbox.has_room(key.src, ttype.nbytes):
+        try:
+            self._mailbox.reserve(key.src, ttype.nbytes, where)
+        except MailboxFull:
             raise Exhausted(
                 f"{where}: party {key.src} has {self._mailbox.pending_bytes(key.src)} bytes "
-                f"waiting here already; {ttype.nbytes} more would pass the limit of "
-                f"{self._mailbox.max_pending_bytes}"
-            )
+                f"waiting here already or on their way; {ttype.nbytes} more would pass the "
+                f"limit of {self._mailbox.max_pending_bytes}"
+            ) from None
         return Admitted(key, ttype, where)
 
     def deliver(self, admitted: Admitted, value: Any) -> None:
         """Put an admitted value in the mailbox for its execution to take."""
-        self._mailbox.deliver(admitted.key, value, admitted.ttype.nbytes)
+        self._mailbox.deliver(admitted.key, value, admitted.ttype.nbytes, reserved=True)
+
+    def release(self, admitted: Admitted) -> None:
+        """Give back the room of an admitted value that never came whole."""
+        self._mailbox.release(admitted.key.src, admitted.ttype.nbytes)

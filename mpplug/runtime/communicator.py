@@ -72,8 +72,9 @@ class Mailbox:
 
     Values of an execution that has finished or been aborted here are dropped, and so are
     later ones for it. Limits, both off by default: `max_pending_bytes` caps the bytes of
-    values from one source that wait here (a delivery over it raises MailboxFull; a value
-    is always let in when none of its source's wait, however large), and
+    values from one source that wait here or are reserved on their way (a delivery or
+    reservation over it raises MailboxFull; a value is always let in when none of its
+    source's wait, however large), and
     `unclaimed_ttl` drops values of an execution not started here (`start`) within that
     many seconds of its first value (`expire` does the dropping).
     """
@@ -96,34 +97,47 @@ class Mailbox:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._cond = threading.Condition()
 
-    def deliver(self, key: Key, value: Any, nbytes: int = 0) -> None:
-        """Hold `value` (of `nbytes` bytes, counted against its source) until taken."""
+    def deliver(self, key: Key, value: Any, nbytes: int = 0, *, reserved: bool = False) -> None:
+        """Hold `value` (of `nbytes` bytes, counted against its source) until taken; its
+        bytes were counted already if `reserved` (see `reserve`)."""
         with self._cond:
-            if key.exec_id in self._aborted or key.exec_id in self._finished:
-                return
             waiting = self._bytes_from.get(key.src, 0)
-            if not self._fits(waiting, nbytes):
-                raise MailboxFull(
-                    f"party {self.rank}: value {key} ({nbytes} bytes) refused: party {key.src} "
-                    f"already has {waiting} bytes waiting here, the limit is "
-                    f"{self.max_pending_bytes}"
-                )
+            if key.exec_id in self._aborted or key.exec_id in self._finished:
+                if reserved:
+                    self._bytes_from[key.src] = waiting - nbytes
+                return
+            if not reserved:
+                self._check_room(key.src, waiting, nbytes, f"value {key}")
+                waiting += nbytes
             values = self._values.setdefault(key.exec_id, {})
             old = values.get(key)
-            self._bytes_from[key.src] = waiting + nbytes - (old[1] if old else 0)
+            self._bytes_from[key.src] = waiting - (old[1] if old else 0)
             values[key] = (value, nbytes)
             if key.exec_id not in self._started:
                 self._unclaimed.setdefault(key.exec_id, time.monotonic())
             self._cond.notify_all()
 
-    def has_room(self, src: int, nbytes: int) -> bool:
-        """Whether `nbytes` more from `src` would fit now (deliver checks again)."""
+    def reserve(self, src: int, nbytes: int, what: str) -> None:
+        """Count `nbytes` from `src` as waiting from now on, for a value `what` still on its
+        way, so that values arriving at once cannot pass the limit together; MailboxFull if
+        they would not fit. Then `deliver(..., reserved=True)` or `release` it."""
         with self._cond:
-            return self._fits(self._bytes_from.get(src, 0), nbytes)
+            waiting = self._bytes_from.get(src, 0)
+            self._check_room(src, waiting, nbytes, what)
+            self._bytes_from[src] = waiting + nbytes
 
-    def _fits(self, waiting: int, nbytes: int) -> bool:
+    def release(self, src: int, nbytes: int) -> None:
+        """Give back a reservation whose value never came."""
+        with self._cond:
+            self._bytes_from[src] -= nbytes
+
+    def _check_room(self, src: int, waiting: int, nbytes: int, what: str) -> None:
         cap = self.max_pending_bytes
-        return cap is None or not waiting or waiting + nbytes <= cap
+        if cap is not None and waiting and waiting + nbytes > cap:
+            raise MailboxFull(
+                f"party {self.rank}: {what} ({nbytes} bytes) refused: party {src} already "
+                f"has {waiting} bytes waiting here or on their way, the limit is {cap}"
+            )
 
     def take(self, key: Key, timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -197,7 +211,7 @@ class Mailbox:
             return sum(len(values) for values in self._values.values())
 
     def pending_bytes(self, src: int) -> int:
-        """The bytes of values from `src` that wait here."""
+        """The bytes of values from `src` that wait here (or are reserved)."""
         with self._cond:
             return self._bytes_from.get(src, 0)
 
