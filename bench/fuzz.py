@@ -1,5 +1,6 @@
 """A hostile caller for party servers: fuzzed requests to every gRPC method of a real 3-party
-cluster, each answer classified, and the parties' memory measured as the fuzzing ends and expires.
+cluster and to each party's bulk port, each answer classified, and the parties' memory measured
+as the fuzzing ends and expires.
 
 Run `python -m bench.fuzz [--tls] [--requests N]` from the repository root. Each answer is
 "ok" (a reply), "typed" (a status naming what was wrong), "cut" (a call allowed to wait, such
@@ -7,6 +8,13 @@ as a stalled stream, cut off by the fuzzer's own short deadline), "untyped" (UNK
 "Exception calling application", INTERNAL, an answer too long to reach the caller...), the
 health service's own deserializer failing, counted apart, a "hang" (a call that should answer
 at once, unanswered at the deadline) or a "crash" (a party exited).
+
+Bulk port connections (mpplug.remote.bulk) are tallied as "Bulk/Value", each by its most
+serious answer: a reply with a gRPC status code and a message is "typed" (OK is "ok"); the
+connection closed without a reply is "typed" only where the fuzzer hung up mid-frame or
+mid-value itself (nothing is left to answer) or the caller's certificate is foreign (refused at
+the TLS handshake), else "untyped", as are a reply a sender cannot read and an OK to a caller
+the port must refuse; silence is "cut" after a stall, else a "hang".
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ import json
 import math
 import random
 import re
+import socket
+import ssl
+import struct
 import sys
 import tempfile
 import threading
@@ -30,7 +41,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -41,11 +52,13 @@ from grpc_health.v1 import health_pb2
 
 import mpplug as mp
 from bench.timing import Target, verdict
-from mpplug.config import ClusterSpec, TLSFiles
+from mpplug.config import ClusterSpec, TLSFiles, split_endpoint
 from mpplug.core import DType, TensorType
 from mpplug.core.serde import tensor_type_to_proto
+from mpplug.core.validate import MAX_REGION_DEPTH
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import values_pb2
+from mpplug.remote.bulk import MAGIC, MAX_HEADER_BYTES, MAX_REPLY_BYTES, client_context
 from mpplug.remote.certs import with_tls, write_dev_certs
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
@@ -83,6 +96,8 @@ OUT_NAMES = tuple(f"o{i}" for i in range(16))
 ABANDONED_VALUE_BYTES = 256 << 10
 """Each abandoned session holds two values of this size until it expires."""
 MAX_FUZZ_MESSAGE = 3 << 20
+BIG_VALUE_BYTES = (3 << 20) // 2
+"""1.5 MiB: two chunks over gRPC, or a value over the bulk port."""
 
 OK, TYPED, CUT, UNTYPED, HANG, CRASH = "ok", "typed", "cut", "untyped", "hang", "crash"
 HEALTH_INTERNAL = "health INTERNAL (gRPC's deserializer)"
@@ -148,6 +163,25 @@ BIG_DECLARED = (
 )
 HEALTH_SERVICES = ("", "mpplug.PartyService", "mpplug.PeerService", "nope", "x" * 10_000)
 
+BULK = "Bulk/Value"
+"""What answers from the parties' bulk ports are tallied as."""
+BULK_SHARE = 0.15
+"""The share of cases that go to a bulk port rather than to a gRPC method."""
+BULK_PREFIX = struct.Struct(">4sI")
+"""A sender's magic and header length."""
+BULK_REPLY = struct.Struct(">BI")
+"""A receiver's status code number and message length."""
+BIG_BULK_SHARE = 0.25
+"""The share of bulk values over a chunk, as a real sender's are."""
+BAD_MAGICS = (b"MPB0", b"MPB2", b"mpb1", b"\x00" * 4, b"\xff" * 4, b"\x16\x03\x01\x02", b"PRI ")
+OVERSIZED_HEADER_LENGTHS = (MAX_HEADER_BYTES + 1, 2**31, 2**32 - 1)
+BAD_EXEC_IDS = ("", "unscoped", "a:b:c", "x" * 65 + ":e", "s:", ":e", "s:e\x00", "s:é")
+CLOSED, SILENT, TLS_REFUSED = "closed", "no answer", "TLS refused"
+"""How a bulk port ended an exchange other than with a reply."""
+STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+GO_AHEAD = grpc.StatusCode.OK.name
+"""A bulk port's OK: the go-ahead for a value's bytes, or the value delivered."""
+
 
 # -- wire helpers --------------------------------------------------------------------------
 def length_field(number: int, data: bytes) -> bytes:
@@ -158,6 +192,12 @@ def chunk(header: bytes | None, data: bytes) -> bytes:
     """One serialized chunk message (PutChunk, ProgramChunk, PeerChunk): header, then data."""
     head = length_field(1, header) if header is not None else b""
     return head + (length_field(2, data) if data else b"")
+
+
+def bulk_frame(header: bytes, magic: bytes = MAGIC, length: int | None = None) -> bytes:
+    """What a bulk sender writes to offer a value: the magic, the header's length (or
+    `length`), the serialized PeerHeader."""
+    return BULK_PREFIX.pack(magic, len(header) if length is None else length) + header
 
 
 def mangle(data: bytes, rng: random.Random) -> tuple[bytes, str]:
@@ -299,6 +339,21 @@ class Call:
         )
 
 
+@dataclass(frozen=True)
+class BulkCall(Call):
+    """A connection to a party's bulk port: `messages` are values' frames and payloads in turn
+    (a payload is written only once its frame is answered OK; the last value may lack one)."""
+
+    hang_up: bool = False
+    """Close the sending side after the last message (a frame or value cut short)."""
+    must_refuse: bool = False
+    """The port must refuse the caller or the values it claims to send (with TLS)."""
+
+    def reproduction(self, limit: int = 120) -> str:
+        shown = super().reproduction(limit)
+        return f"{shown} then hang up" if self.hang_up else shown
+
+
 Case = tuple[Call, ...]
 
 
@@ -330,6 +385,31 @@ def classify(call: Call, code: grpc.StatusCode, details: str) -> str:
     if code is grpc.StatusCode.UNAVAILABLE and call.identity == OUTSIDER:
         return TYPED  # refused at the TLS handshake
     return UNTYPED
+
+
+class BulkAnswer(NamedTuple):
+    """What a bulk port did after one message: replied (its code's name and message), or
+    CLOSED, SILENT or TLS_REFUSED; `last` when the message was the call's last."""
+
+    code: str
+    details: str
+    last: bool
+
+
+def classify_bulk(call: BulkCall, answer: BulkAnswer) -> str:
+    """The kind of a bulk port's answer (see the module docstring)."""
+    if answer.code == GO_AHEAD:
+        return UNTYPED if call.must_refuse else OK
+    if answer.code == SILENT:
+        return CUT if call.stall and answer.last else HANG
+    if answer.code in (CLOSED, TLS_REFUSED) and call.identity == OUTSIDER:
+        return TYPED  # refused at the TLS handshake
+    if answer.code == CLOSED:
+        return TYPED if call.hang_up and answer.last else UNTYPED
+    code = grpc.StatusCode.__members__.get(answer.code)
+    if code is None or not answer.details:
+        return UNTYPED
+    return classify(call, code, answer.details)
 
 
 # -- the cluster -----------------------------------------------------------------------------
@@ -385,6 +465,7 @@ class Clients:
         self._fixture = fixture
         self._channels: dict[tuple[int, str], grpc.Channel] = {}
         self._stubs: dict[tuple[int, str, str], SimpleNamespace] = {}
+        self._contexts: dict[str, ssl.SSLContext] = {}
         self._lock = threading.Lock()
 
     def method(self, party: int, identity: str, method: str) -> Any:
@@ -416,6 +497,32 @@ class Clients:
         if identity == PEER:
             return self._fixture.spec.names[peer_of(party)]
         return identity
+
+    def bulk_socket(self, party: int, identity: str, timeout: float) -> socket.socket:
+        """A new connection to `party`'s bulk port, with TLS as `identity` when the cluster
+        has it (OSError if it cannot be made, ssl.SSLError if the handshake fails)."""
+        endpoint = self._fixture.spec.parties[party].bulk
+        assert endpoint is not None, "ClusterSpec.local gives every party a bulk port"
+        sock = socket.create_connection(split_endpoint(endpoint, "bulk"), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        context = self._bulk_context(party, identity)
+        if context is None:
+            return sock
+        try:
+            return context.wrap_socket(sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _bulk_context(self, party: int, identity: str) -> ssl.SSLContext | None:
+        files = self._fixture.identities
+        if files is None:
+            return None
+        who = self._who(party, identity)
+        with self._lock:
+            if who not in self._contexts:
+                self._contexts[who] = client_context(files[who])
+            return self._contexts[who]
 
     def close(self) -> None:
         with self._lock:
@@ -637,8 +744,25 @@ class Fuzzer:
             "execution started twice": self._rerun,
             "garbage program run": self._garbage_run,
         }
+        self._bulk_generators: list[Callable[[int], BulkCall]] = [
+            self._bulk_valid,
+            self._bulk_after_refusal,
+            self._bulk_random_bytes,
+            self._bulk_bad_magic,
+            self._bulk_header_length,
+            self._bulk_truncated_frame,
+            self._bulk_undecodable,
+            self._bulk_mutated,
+            self._bulk_targeted,
+            self._bulk_cut_short,
+            self._bulk_stall,
+        ]
+        if tls:
+            self._bulk_generators.append(self._bulk_refused_caller)
 
     def case(self) -> Case:
+        if self.rng.random() < BULK_SHARE:
+            return (self.rng.choice(self._bulk_generators)(self.rng.randrange(WORLD)),)
         kind = self.rng.choice(list(self._generators))
         return self._generators[kind](self.rng.randrange(WORLD))
 
@@ -686,10 +810,11 @@ class Fuzzer:
         proto.dtype = dtype
         return f"dtype {dtype}"
 
-    def _value(self) -> tuple[TensorType, bytes]:
+    def _value(self, big: float = 0.05) -> tuple[TensorType, bytes]:
+        """A value of a random type: with probability `big` one of BIG_VALUE_BYTES."""
         dtype = self.rng.choice(list(DType))
-        if self.rng.random() < 0.05:
-            shape: tuple[int, ...] = ((3 << 20) // 2 // dtype.itemsize,)  # 1.5 MiB: two chunks
+        if self.rng.random() < big:
+            shape: tuple[int, ...] = (BIG_VALUE_BYTES // dtype.itemsize,)
         else:
             shape = tuple(self.rng.randrange(0, 9) for _ in range(self.rng.randrange(0, 4)))
         ttype = TensorType(dtype, shape)
@@ -919,6 +1044,178 @@ class Fuzzer:
         method = "PeerService/SendSmall" if small else "PeerService/Send"
         return (self._chunked(party, method, header, payload, small, PEER, header.type),)
 
+    # -- the bulk port -------------------------------------------------------------------
+    def _bulk_call(
+        self,
+        party: int,
+        messages: Sequence[bytes],
+        label: str,
+        identity: str | None = None,
+        *,
+        refuse: bool = False,
+        stall: bool = False,
+        hang_up: bool = False,
+    ) -> BulkCall:
+        """A connection to `party`'s bulk port as its peer (now and then, with TLS, as a
+        caller it must refuse) unless `identity` says who; `refuse` if the port must refuse
+        the values it claims to send."""
+        who = self._identity(PEER) if identity is None else identity
+        must_refuse = self.tls and (refuse or who != PEER)
+        return BulkCall(
+            party,
+            BULK,
+            tuple(messages),
+            label,
+            who,
+            stall=stall,
+            hang_up=hang_up,
+            must_refuse=must_refuse,
+        )
+
+    def _bulk_header(self, party: int, ttype: TensorType) -> Any:
+        """A valid header of a value for `party` from its peer, under the fuzzer's session and
+        an execution id never started (the value expires unclaimed)."""
+        return self._peer_header(party, ttype, random_id(self.rng), self.rng.randrange(64))
+
+    def _bulk_value(self, party: int) -> tuple[Any, bytes]:
+        """A valid header and its value's bytes, now and then over a chunk."""
+        ttype, payload = self._value(big=BIG_BULK_SHARE)
+        return self._bulk_header(party, ttype), payload
+
+    def _bulk_valid(self, party: int) -> BulkCall:
+        """One or two values on one connection, as a peer sends them: each answered OK, then
+        OK once delivered."""
+        values = [self._bulk_value(party) for _ in range(self.rng.choice((1, 1, 2)))]
+        messages = [m for head, payload in values for m in (_frame(head), payload)]
+        return self._bulk_call(party, messages, f"{len(values)} valid")
+
+    def _bulk_after_refusal(self, party: int) -> BulkCall:
+        """A value refused by its header, then a valid one on the same connection (a refusal
+        leaves the connection open), as the peer (a caller refused is disconnected)."""
+        refused, _ = self._bulk_value(party)
+        how = self._misaddressed(party, refused)
+        header, payload = self._bulk_value(party)
+        messages = (_frame(refused), b"", _frame(header), payload)
+        return self._bulk_call(party, messages, f"{how}, then a valid value", PEER)
+
+    def _misaddressed(self, party: int, header: Any) -> str:
+        """Make `header` one the port must refuse for its ids or scope; returns how."""
+        how = self.rng.randrange(4)
+        if how == 0:
+            header.dst = self.rng.choice((peer_of(party), WORLD, 2**32 - 1))
+            return f"dst {header.dst}"
+        if how == 1:
+            header.src = self.rng.choice((party, WORLD))
+            return f"src {header.src}"
+        if how == 2:
+            header.exec_id = self.rng.choice(BAD_EXEC_IDS)
+            return f"exec_id {header.exec_id[:40]!r}"
+        scope = self.rng.choice(((1,), (1, 0), (0,) * (3 * MAX_REGION_DEPTH + 3)))
+        header.scope[:] = scope
+        return f"scope of {len(scope)} numbers"
+
+    def _bulk_random_bytes(self, party: int) -> BulkCall:
+        """Random bytes, then the sending side closed: refused for their magic, or (under a
+        prefix's eight bytes) nothing left to answer."""
+        data = self.rng.randbytes(self.rng.choice((1, 2, 5, 16, 100, 1000, 10_000)))
+        return self._bulk_call(party, (data,), f"{len(data)} random bytes", hang_up=True)
+
+    def _bulk_bad_magic(self, party: int) -> BulkCall:
+        """A valid header behind the wrong magic: INVALID_ARGUMENT, then the port closes."""
+        header, _ = self._bulk_value(party)
+        magic = self.rng.choice(BAD_MAGICS)
+        frame = bulk_frame(header.SerializeToString(), magic)
+        return self._bulk_call(party, (frame,), f"magic {magic!r}")
+
+    def _bulk_header_length(self, party: int) -> BulkCall:
+        """A header length over the limit (INVALID_ARGUMENT, then the port closes), or one
+        exactly at it, the header padded with an unknown field (let in)."""
+        header, payload = self._bulk_value(party)
+        head = header.SerializeToString()
+        if self.rng.random() < 0.25:
+            padded = _padded(head, MAX_HEADER_BYTES)
+            return self._bulk_call(party, (bulk_frame(padded), payload), "header at the limit")
+        length = self.rng.choice(OVERSIZED_HEADER_LENGTHS)
+        return self._bulk_call(party, (bulk_frame(head, length=length),), f"header length {length}")
+
+    def _bulk_truncated_frame(self, party: int) -> BulkCall:
+        """A frame cut in its prefix or its header, then the sending side closed: nothing
+        left to answer, the port closes too."""
+        header, _ = self._bulk_value(party)
+        frame = _frame(header)
+        cut = self.rng.randrange(1, len(frame))
+        where = "prefix" if cut < BULK_PREFIX.size else "header"
+        label = f"frame cut at byte {cut} of {len(frame)} (in its {where})"
+        return self._bulk_call(party, (frame[:cut],), label, hang_up=True)
+
+    def _bulk_undecodable(self, party: int) -> BulkCall:
+        """A frame whose header's bytes are damaged (refused, or let in if they still decode
+        as a header the port admits); only the frame is sent."""
+        header, _ = self._bulk_value(party)
+        data, how = mangle(header.SerializeToString(), self.rng)
+        if len(data) > MAX_HEADER_BYTES:
+            data, how = data[:MAX_HEADER_BYTES], f"{how}, cut to the limit"
+        return self._bulk_call(party, (bulk_frame(data),), f"header {how}")
+
+    def _bulk_mutated(self, party: int) -> BulkCall:
+        """A header with random fields set to hostile values; only the frame is sent."""
+        header, _ = self._bulk_value(party)
+        label = mutate_fields(header, self.rng)
+        return self._bulk_call(party, (_frame(header),), label)
+
+    def _bulk_targeted(self, party: int) -> BulkCall:
+        """A header misaddressed, or of an absurd shape, an unknown dtype or a size far over
+        what comes; only the frame is sent."""
+        header, _ = self._bulk_value(party)
+        r = self.rng.random()
+        if r < 0.4:
+            label = self._misaddressed(party, header)
+        elif r < 0.8:
+            label = self._type_targeted(header.type)
+        else:
+            big = self.rng.choice(BIG_DECLARED)
+            header.type.CopyFrom(tensor_type_to_proto(big))
+            label = f"declared {big}"
+        return self._bulk_call(party, (_frame(header),), label)
+
+    def _bulk_cut_short(self, party: int) -> BulkCall:
+        """A value let in, its bytes cut short, then the sending side closed: the port drops
+        it and closes."""
+        size = self.rng.choice((1, 4096, BIG_VALUE_BYTES))
+        header = self._bulk_header(party, TensorType("uint8", (size,)))
+        sent = self.rng.randrange(size)
+        messages = (_frame(header), self.rng.randbytes(sent))
+        return self._bulk_call(party, messages, f"{sent} of {size} bytes", hang_up=True)
+
+    def _bulk_stall(self, party: int) -> BulkCall:
+        """A value stalled in its prefix, its header, after its go-ahead or in its bytes: the
+        port waits (stream_idle_s, far past STALL_S, at which the fuzzer cuts it)."""
+        size = self.rng.choice((1, 4096, BIG_VALUE_BYTES))
+        frame = _frame(self._bulk_header(party, TensorType("uint8", (size,))))
+        where = self.rng.randrange(4)
+        if where == 0:
+            messages: tuple[bytes, ...] = (frame[: self.rng.randrange(1, BULK_PREFIX.size)],)
+        elif where == 1:
+            messages = (frame[: self.rng.randrange(BULK_PREFIX.size, len(frame))],)
+        elif where == 2:
+            messages = (frame, b"")
+        else:
+            messages = (frame, self.rng.randbytes(self.rng.randrange(size)))
+        place = ("prefix", "header", "go-ahead", "bytes")[where]
+        return self._bulk_call(party, messages, f"stall in its {place}", stall=True)
+
+    def _bulk_refused_caller(self, party: int) -> BulkCall:
+        """A valid value offered by a caller the port must refuse: with the driver's
+        certificate or a foreign one, or a peer's claiming to come from the third party."""
+        header, payload = self._bulk_value(party)
+        identity = self.rng.choice((DRIVER, OUTSIDER, PEER))
+        label = f"valid value as {identity}"
+        if identity == PEER:
+            header.src = next(k for k in range(WORLD) if k not in (party, peer_of(party)))
+            label = f"valid value from party {header.src} with party {peer_of(party)}'s certificate"
+        messages = (_frame(header), payload)
+        return self._bulk_call(party, messages, label, identity, refuse=True)
+
     # -- Health ---------------------------------------------------------------------------
     def _health_check(self, party: int) -> Case:
         valid = health_pb2.HealthCheckRequest(service=self.rng.choice(HEALTH_SERVICES))
@@ -1005,6 +1302,18 @@ class Fuzzer:
         return load, run
 
 
+def _frame(header: Message) -> bytes:
+    return bulk_frame(header.SerializeToString())
+
+
+def _padded(head: bytes, size: int) -> bytes:
+    """`head` with an unknown field (number 15) making it `size` bytes, as parsers skip."""
+    filler = size - len(head) - 1 - len(varint(size))
+    padded = head + length_field(15, bytes(filler))
+    assert len(padded) == size, "the filler's length takes as many bytes as `size`"
+    return padded
+
+
 def _split(payload: bytes, rng: random.Random) -> list[bytes]:
     """`payload` in pieces of random sizes (at least one piece)."""
     pieces, start = [], 0
@@ -1068,6 +1377,8 @@ class Runner:
 
     def invoke(self, call: Call) -> Result:
         """Send one call and classify its answer."""
+        if isinstance(call, BulkCall):
+            return self.exchange(call)
         method = METHODS[call.method]
         stub = self.clients.method(call.party, call.identity, call.method)
         options = self._options(call)
@@ -1104,10 +1415,99 @@ class Runner:
     def _failed(self, call: Call, exc: grpc.RpcError, start: float) -> Result:
         code, details = status_of(exc)
         kind = classify(call, code, details)
-        name = self.parties.spec.names[call.party]
-        if kind in (UNTYPED, HANG) and self.parties.processes[name].poll() is not None:
+        if kind in (UNTYPED, HANG) and self._exited(call.party):
             kind = CRASH
         return Result(call, kind, code.name, details, time.monotonic() - start)
+
+    def _exited(self, party: int) -> bool:
+        return self.parties.processes[self.parties.spec.names[party]].poll() is not None
+
+    def exchange(self, call: BulkCall) -> Result:
+        """Send a bulk call over a connection of its own; its result is its most serious
+        answer (the first of them)."""
+        start = time.monotonic()
+        answers = self._bulk_answers(call)
+        kinds = [classify_bulk(call, answer) for answer in answers]
+        worst = max(range(len(answers)), key=lambda i: KINDS.index(kinds[i]))
+        kind, answer = kinds[worst], answers[worst]
+        if kind in (UNTYPED, HANG) and self._exited(call.party):
+            kind = CRASH
+        return Result(call, kind, answer.code, answer.details, time.monotonic() - start)
+
+    def _bulk_answers(self, call: BulkCall) -> list[BulkAnswer]:
+        """The port's answer to each message sent in turn, until one is no reply or refuses
+        a caller it must refuse."""
+        try:
+            sock = self.clients.bulk_socket(call.party, call.identity, self.deadline)
+        except ssl.SSLError as exc:
+            return [BulkAnswer(TLS_REFUSED, str(exc), last=False)]
+        except TimeoutError:
+            return [BulkAnswer(SILENT, "connecting", last=False)]
+        except OSError as exc:
+            return [BulkAnswer(CLOSED, f"connecting: {exc}", last=False)]
+        answers: list[BulkAnswer] = []
+        with contextlib.closing(sock):
+            refused = False
+            for i, message in enumerate(call.messages):
+                if i % 2 and refused:
+                    continue  # the bytes of a value refused are not sent
+                answer = self._answer_to(sock, call, message, last=i == len(call.messages) - 1)
+                answers.append(answer)
+                refused = answer.code != GO_AHEAD
+                if answer.code in (CLOSED, SILENT, TLS_REFUSED) or (refused and call.must_refuse):
+                    break  # the connection is over (a caller refused is disconnected)
+        return answers
+
+    def _answer_to(
+        self, sock: socket.socket, call: BulkCall, message: bytes, last: bool
+    ) -> BulkAnswer:
+        """Send one message (the last one, then hang up if the call does) and read the port's
+        answer: within STALL_S after the last message of a stall, else the deadline."""
+        seconds = STALL_S if last and call.stall else self.deadline
+        try:
+            with contextlib.suppress(OSError):  # refused and closed before it read all of it
+                sock.settimeout(self.deadline)
+                sock.sendall(message)
+                if last and call.hang_up:  # the plain socket's: an SSLSocket's drops TLS
+                    socket.socket.shutdown(sock, socket.SHUT_WR)
+            code, details = read_bulk_reply(sock, seconds)
+        except TimeoutError:
+            return BulkAnswer(SILENT, f"none within {seconds} s", last)
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionError) as exc:
+            return BulkAnswer(CLOSED, str(exc) or type(exc).__name__, last)
+        except ssl.SSLError as exc:
+            hung_up = last and call.hang_up  # TLS answers a stream ended uncleanly with an alert
+            return BulkAnswer(CLOSED if hung_up else TLS_REFUSED, str(exc), last)
+        return BulkAnswer(code, details, last)
+
+
+def read_bulk_reply(sock: socket.socket, seconds: float) -> tuple[str, str]:
+    """A bulk port's reply within `seconds`: its code's name and its message ("unknown
+    status" or "unreadable reply" and what was wrong for one a sender would not take);
+    TimeoutError if it does not come in time, ConnectionError if the connection ends first."""
+    give_up = time.monotonic() + seconds
+    number, length = BULK_REPLY.unpack(_receive(sock, BULK_REPLY.size, give_up))
+    if length > MAX_REPLY_BYTES:
+        return "unreadable reply", f"status {number} with a message of {length} bytes"
+    message = _receive(sock, length, give_up).decode(errors="replace")
+    code = STATUS_BY_NUMBER.get(number)
+    if code is None:
+        return "unknown status", f"status {number}: {message}"
+    return code.name, message
+
+
+def _receive(sock: socket.socket, size: int, give_up: float) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        left = give_up - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{len(data)} of {size} bytes before the deadline")
+        sock.settimeout(left)
+        part = sock.recv(size - len(data))
+        if not part:
+            raise ConnectionError(f"closed after {len(data)} of {size} reply bytes")
+        data += part
+    return bytes(data)
 
 
 def _stream_result(call: Call, replies: list[bytes], seconds: float) -> Result:
@@ -1253,8 +1653,9 @@ def _relay(x: Any) -> Any:
 
 def serve_check(fixture: Fixture, rounds: int = 10) -> str | None:
     """Run real programs through a Driver: streamed puts and fetches (more than a party has
-    upload or download slots), a party-to-party value and a dataset read, each result
-    checked. None if all is well, else what went wrong."""
+    upload or download slots), a party-to-party value (over a chunk: it crosses the bulk
+    port) and a dataset read, each result checked. None if all is well, else what went
+    wrong."""
     payload = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: two chunks each way
     relay = mp.function(_relay)
     try:
@@ -1528,6 +1929,7 @@ def dump(report: Report, path: Path) -> None:
             "party": defect.example.party,
             "identity": defect.example.identity,
             "stall": defect.example.stall,
+            "hang_up": isinstance(defect.example, BulkCall) and defect.example.hang_up,
             "messages_hex": [m.hex() for m in defect.example.messages],
         }
         for (kind, method, code, _), defect in report.tally.defects.items()
