@@ -1,5 +1,5 @@
-"""Benchmark of real parties over gRPC: party-to-party transfer inside a program next to a raw
-TCP connection on loopback (kept open, as gRPC's are), the cached evaluate+fetch round trip
+"""Benchmark of real parties: party-to-party transfer inside a program (over the bulk port)
+next to a raw TCP connection on loopback kept open, the cached evaluate+fetch round trip
 next to the Simulator, a fori_loop next to the same steps unrolled, and many drivers at once
 on one cluster.
 
