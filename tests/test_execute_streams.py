@@ -1,6 +1,7 @@
 """Execution streams: a driver sends every execution to a party on one long-lived ExecuteStream,
 each request gets one reply naming it (refusals included) in the order executions end, a party
-out of streams is served by Execute calls instead, and ending a stream aborts its executions."""
+out of streams is served by Execute calls instead, ending a stream aborts its executions, and a
+stopping party ends its streams once their executions have replied."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from mpplug_testkernels import sleep_pfunction
 
 import mpplug as mp
 from mpplug.config import ClusterSpec, ServerLimits
+from mpplug.errors import PartyUnavailableError
 from mpplug.frontend.tracer import Program, trace
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.driver import Driver
+from mpplug.remote.server import PartyServer
 from mpplug.runtime import codec
 
 from .clusters import in_process, lone_p0
@@ -248,3 +251,41 @@ def test_after_a_stream_ends_the_next_execution_opens_a_new_one():
         while threading.active_count() > threads:
             assert time.monotonic() < deadline, f"{threading.active_count()} threads, was {threads}"
             time.sleep(0.05)
+
+
+def test_a_stopping_party_ends_an_idle_stream_at_once_not_after_its_grace():
+    spec = ClusterSpec.local(1)
+    server = PartyServer(spec, "P0", timeout=10.0)
+    server.start()
+    try:
+        with Driver(spec, timeout=10.0) as driver:
+            x = driver.put(0, np.float32(1.0))
+            assert float(driver.fetch(driver.evaluate(add_one, x), party=0)) == 2.0
+            stream = driver._execute_streams[0]
+            assert stream is not None and stream.open
+            started = time.monotonic()
+            server.stop(grace=30.0)
+            assert time.monotonic() - started < 5.0
+            assert not stream.open
+            with pytest.raises(PartyUnavailableError):
+                driver.evaluate(add_one, x)
+    finally:
+        server.stop(grace=0.0)
+
+
+def test_an_execution_running_as_its_party_stops_finishes_and_replies():
+    spec = ClusterSpec.local(1)
+    server = PartyServer(spec, "P0", timeout=10.0)
+    server.start()
+    stopping = threading.Timer(0.5, server.stop, kwargs={"grace": 30.0})
+    try:
+        with Driver(spec, timeout=10.0) as driver:
+            driver.evaluate(rank_plus_one)  # the stream is open
+            started = time.monotonic()
+            stopping.start()
+            assert float(driver.fetch(driver.evaluate(nap), party=0)) == 0.0  # a 2 s kernel
+            stopping.join()
+            assert time.monotonic() - started < 10.0
+    finally:
+        stopping.cancel()
+        server.stop(grace=0.0)

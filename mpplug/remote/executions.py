@@ -3,8 +3,9 @@ driver side that feeds it. A message each way per execution costs less than a ca
 
 Replies name their request's exec_id and come back in the order executions end, so one slow
 execution holds up no other. A request the party refuses gets a `Refused` reply (what Execute
-would answer with a status); the stream itself ends only when its call does, and then every
-execution still running on it is aborted.
+would answer with a status); the stream itself ends when its call does, and then every
+execution still running on it is aborted, or when the party drains it as it stops: new
+requests are refused as UNAVAILABLE, and the call ends once every one has its reply.
 """
 
 from __future__ import annotations
@@ -62,12 +63,21 @@ class ExecutionStream:
         self._executions = executions
         self._runs = runs
         self._context = context
-        self._replies: queue.SimpleQueue[pb.ExecuteReply | _End] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[pb.ExecuteReply | _End | _Drain] = queue.SimpleQueue()
         self._unanswered = threading.Semaphore(MAX_UNANSWERED)
         self._aborts: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._ended = threading.Event()
+        self._started = self._answered = 0
+        self._draining = self._closing = False
         context.add_callback(self._call_ended)
+
+    def drain(self) -> None:
+        """Refuse requests from now on (UNAVAILABLE: the party is stopping), and end the call
+        once every request read has its reply."""
+        with self._lock:
+            self._draining = True
+        self._replies.put(_DRAIN)
 
     def replies(self, requests: Iterator[bytes]) -> Iterator[bytes]:
         """The serialized replies, until the requests end and every execution has replied."""
@@ -75,8 +85,10 @@ class ExecutionStream:
             target=self._read, args=(requests,), name="mpplug-execute-stream", daemon=True
         ).start()
         outstanding, reading = 0, True
-        while reading or outstanding:
+        while (reading or outstanding) and not self._drained():
             item = self._replies.get()
+            if isinstance(item, _Drain):
+                continue
             if isinstance(item, _End):
                 reading, outstanding = False, outstanding + item.requests
                 if item.error:
@@ -84,7 +96,16 @@ class ExecutionStream:
                 continue
             outstanding -= 1
             self._unanswered.release()
+            with self._lock:
+                self._answered += 1
             yield item.SerializeToString()
+
+    def _drained(self) -> bool:
+        """Whether the stream is draining and every request read has its reply; from then on
+        the reader starts no request (the driver sees the call end without its reply)."""
+        with self._lock:
+            self._closing = self._draining and self._started == self._answered
+            return self._closing
 
     def _read(self, requests: Iterator[bytes]) -> None:
         count, error = 0, ""
@@ -115,6 +136,14 @@ class ExecutionStream:
         return True
 
     def _start(self, request: pb.ExecuteRequest) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._started += 1
+            draining = self._draining
+        if draining:
+            self._replies.put(_reply(request, "UNAVAILABLE", "the party is stopping"))
+            return
         try:
             session = self._executions.admit_execution(request)
         except REFUSALS as exc:
@@ -160,6 +189,13 @@ class ExecutionStream:
             aborts, self._aborts = list(self._aborts.values()), {}
         for abort in aborts:
             abort()
+
+
+class _Drain:
+    """Wakes the reply loop to look whether a draining stream is done."""
+
+
+_DRAIN = _Drain()
 
 
 @dataclass(frozen=True)

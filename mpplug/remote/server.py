@@ -259,10 +259,12 @@ class PartyServer:
                 )
 
     def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving: health turns NOT_SERVING, running calls get `grace` seconds."""
+        """Stop serving: health turns NOT_SERVING, execution streams take no more requests
+        and end once theirs have replied, and running calls get `grace` seconds."""
         if self._server is None:
             return
         self._health.enter_graceful_shutdown()
+        self._service.drain()
         self._server.stop(grace).wait()
         if self._bulk is not None:
             self._bulk.stop()

@@ -111,12 +111,23 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         self._downloads = Slots("value downloads", limits.downloads)
         self._watch = watch
         self._running: set[str] = set()
+        self._streams: set[ExecutionStream] = set()
+        self._draining = False
         self._lock = threading.Lock()
         self._started = time.monotonic()
 
     @property
     def name(self) -> str:
         return self._names[self._party.rank]
+
+    def drain(self) -> None:
+        """The server is stopping: open execution streams refuse new requests and end once
+        those they hold have their replies; new streams are refused."""
+        with self._lock:
+            self._draining = True
+            streams = list(self._streams)
+        for stream in streams:
+            stream.drain()
 
     def close(self) -> None:
         """Let the threads running executions from streams go (the server has stopped: the
@@ -249,7 +260,17 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         except Exhausted:
             context.set_trailing_metadata(((STREAM_REFUSED_KEY, "1"),))
             raise
-        return ExecutionStream(self, self._stream_runs, context).replies(requests)
+        stream = ExecutionStream(self, self._stream_runs, context)
+        with self._lock:
+            if self._draining:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the party is stopping")
+            self._streams.add(stream)
+        context.add_callback(lambda: self._forget_stream(stream))
+        return stream.replies(requests)
+
+    def _forget_stream(self, stream: ExecutionStream) -> None:
+        with self._lock:
+            self._streams.discard(stream)
 
     def admit_execution(self, request: pb.ExecuteRequest) -> Session:
         """The request's session, its releases applied, and an execution slot taken for it
