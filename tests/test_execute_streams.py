@@ -289,3 +289,24 @@ def test_an_execution_running_as_its_party_stops_finishes_and_replies():
     finally:
         stopping.cancel()
         server.stop(grace=0.0)
+
+
+def test_an_idle_party_gives_its_kept_memory_back_and_a_busy_one_does_not():
+    spec = ClusterSpec.local(1)
+    trims: list[float] = []
+    server = PartyServer(spec, "P0", timeout=10.0)
+    server.trim_when_idle(lambda: trims.append(time.monotonic()))
+    server.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while not trims:  # idle from the start: trimmed within two upkeep rounds
+            assert time.monotonic() < deadline, "an idle party never gave memory back"
+            time.sleep(0.05)
+        with Driver(spec, timeout=10.0) as driver:
+            driver.evaluate(rank_plus_one)
+            started = time.monotonic()
+            driver.fetch(driver.evaluate(nap), party=0)  # 2 s, running all along
+            ended = time.monotonic()
+        assert not [t for t in trims if started + 1.1 < t < ended], trims
+    finally:
+        server.stop(grace=0.0)

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
@@ -139,6 +139,8 @@ class PartyServer:
         self._port: int | None = None
         self._stopped = threading.Event()
         self._upkeep: threading.Thread | None = None
+        self._trim: Callable[[], object] | None = None
+        self._begun_seen = -1
 
     @property
     def port(self) -> int:
@@ -233,9 +235,15 @@ class PartyServer:
             raise ConfigError(f"party {self.party.name}: cannot listen on {listen}")
         return port
 
+    def trim_when_idle(self, trim: Callable[[], object]) -> None:
+        """Call `trim` (see keep_chunk_memory) at each upkeep round that finds no execution
+        begun since the last one and none running: memory kept for reuse goes back to the
+        system once the party is idle."""
+        self._trim = trim
+
     def _keep_up(self) -> None:
         """Until the server stops: close idle sessions, drop values for executions that never
-        started here, and cancel streams that stalled."""
+        started here, cancel streams that stalled, and give back memory when idle."""
         shortest = min(
             self.session_idle_timeout, self.limits.unclaimed_value_s, self.limits.stream_idle_s
         )
@@ -249,6 +257,10 @@ class PartyServer:
                     self.party.name,
                     dropped,
                 )
+            begun, running = self._service.activity()
+            if self._trim is not None and begun == self._begun_seen and not running:
+                self._trim()
+            self._begun_seen = begun
             stalled = self._watch.sweep()
             if stalled:
                 log.info(
@@ -282,18 +294,21 @@ class PartyServer:
         return f"PartyServer({self.party.name}, rank {self.rank}, listen {self.party.listen})"
 
 
-def keep_chunk_memory() -> None:
+def keep_chunk_memory() -> Callable[[], object] | None:
     """Receiving a value allocates a buffer of its size (and, over gRPC, a megabyte per chunk
     on the way). glibc's malloc maps blocks over 128 KiB fresh for each allocation and faults
     their pages in anew, which can cost as much as moving the bytes; keep freed blocks of up
-    to KEPT_BLOCK_BYTES in the heap for reuse instead. Process-wide, so only the party
-    commands call it; a no-op where malloc is not glibc's."""
+    to KEPT_BLOCK_BYTES in the heap for reuse instead. Returns glibc's malloc_trim(0), which
+    gives such kept memory back (PartyServer.trim_when_idle). Process-wide, so only the party
+    commands call it; a no-op (None) where malloc is not glibc's."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        libc = ctypes.CDLL(None)
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):
-        return
+        return None
     mallopt(_M_MMAP_THRESHOLD, KEPT_BLOCK_BYTES)
     mallopt(_M_TRIM_THRESHOLD, 2 * KEPT_BLOCK_BYTES)
+    return lambda: malloc_trim(0)
 
 
 SIGNAL_POLL_S = 0.5
@@ -316,7 +331,9 @@ def serve_forever(server: PartyServer, parent_pid: int | None = None) -> int:
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
     server.start()
-    keep_chunk_memory()
+    trim = keep_chunk_memory()
+    if trim is not None:
+        server.trim_when_idle(trim)
     while not stop_requested.wait(SIGNAL_POLL_S):
         if parent_pid is not None and os.getppid() != parent_pid:
             log.info("party %s: process %d that started it is gone, stopping", name, parent_pid)

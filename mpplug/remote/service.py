@@ -111,6 +111,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         self._downloads = Slots("value downloads", limits.downloads)
         self._watch = watch
         self._running: set[str] = set()
+        self._executions_begun = 0
         self._streams: set[ExecutionStream] = set()
         self._draining = False
         self._lock = threading.Lock()
@@ -119,6 +120,11 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     @property
     def name(self) -> str:
         return self._names[self._party.rank]
+
+    def activity(self) -> tuple[int, int]:
+        """(executions begun since the start, executions running now)."""
+        with self._lock:
+            return self._executions_begun, len(self._running)
 
     def drain(self) -> None:
         """The server is stopping: open execution streams refuse new requests and end once
@@ -345,6 +351,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             if run_id in self._running:
                 raise BadRequest(f"execution {run_id} is already running on this party")
             self._running.add(run_id)
+            self._executions_begun += 1
         finished = threading.Event()
 
         def on_call_done() -> None:
