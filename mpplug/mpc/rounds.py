@@ -184,7 +184,7 @@ def emit_rounds(
     for level in range(final + 1):
         eqns = local.get(level, [])
         sends = [(i, m) for i, m in enumerate(plan.messages) if m.level == level]
-        defined = {v for e in eqns for v in e.outvars if _is_var(v)}
+        defined = dict.fromkeys(v for e in eqns for v in e.outvars if _is_var(v))
         reads = [v for e in eqns for v in e.invars]
         reads += [e.invars[0] for _, m in sends for e in m.eqns]
         keep = [v for v in defined if last_use.get(v, -1) > level]

@@ -1,0 +1,74 @@
+"""A secure program traces to the same bytes every time: in one process and across processes
+with different hash seeds (what an auditor compares, and what a cache keyed by digest needs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROGRAMS = r"""
+import json, sys
+import jax, jax.numpy as jnp
+
+
+def sealed(fn):
+    @mp.function
+    def program(x, y):
+        a, b = mp.mpc.seal((x, y))
+        return mp.mpc.reveal(mp.mpc.run(fn, a, b), to=0)
+    return program
+
+
+def logistic_step(x, y):
+    w = jnp.zeros((x.shape[1],), x.dtype)
+    p = jax.nn.sigmoid(x @ w)
+    return w - x.T @ (p - y) / x.shape[0], jnp.exp(y).sum(), 1.0 / (1.0 + y * y)
+
+
+cases = {
+    "millionaire": (sealed(lambda a, b: a < b), np.int64, (8,), (8,)),
+    "product": (sealed(lambda a, b: a * b), np.float64, (8,), (8,)),
+    "int64 order": (sealed(lambda a, b: (jnp.maximum(a, b), a == b)), np.int64, (8,), (8,)),
+    "logistic step": (sealed(logistic_step), np.float32, (16, 4), (16,)),
+}
+out = {}
+for name, (program, dtype, xs, ys) in cases.items():
+    args = (mp.MPObject(np.zeros(xs, dtype), 0), mp.MPObject(np.zeros(ys, dtype), 1))
+    compiled = mp.compile(program, *args, world_size=3)
+    again = mp.compile(program, *args, world_size=3)
+    out[name] = [compiled.digest, again.digest, compiled.ir()]
+json.dump(out, sys.stdout)
+"""
+
+
+def _trace_in_a_process(hash_seed: str) -> dict[str, list[str]]:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAMS],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, list[str]] = json.loads(done.stdout)
+    return result
+
+
+def test_secure_programs_trace_to_the_same_bytes_in_every_process():
+    first, second = _trace_in_a_process("1"), _trace_in_a_process("2")
+    assert first.keys() == second.keys()
+    for name in first:
+        digest, again, ir = first[name]
+        assert digest == again, f"{name}: two traces in one process differ"
+        assert second[name][2] == ir, f"{name}: IR text differs across processes"
+        assert second[name][0] == digest, f"{name}: digest differs across processes"
+    digests = [first[name][0] for name in first]
+    assert len(set(digests)) == len(digests), "distinct programs must not share a digest"
