@@ -55,6 +55,10 @@ class DatasetError(MPPlugError, ValueError):
     directory, an existing file or a symlink in the way, or a dataset that changed."""
 
 
+class FixedPointRangeError(MPPlugError, ValueError):
+    """A value a party seals that fixed point cannot hold: not finite, or too large."""
+
+
 class ExecutionAborted(MPPlugError, RuntimeError):
     """An execution was cancelled because another party failed."""
 

@@ -644,8 +644,10 @@ def test_secure_work_in_a_loop_draws_fresh_randomness_every_iteration():
         )
         result = sim.evaluate(mp.function(lambda s: mp.mpc.reveal(s, to=0)), out)
         np.testing.assert_allclose(sim.fetch(result, party=0), [2.25, 4.0], atol=1e-3)
-    keys = [r.value.tobytes() for r in received if r.value.dtype == np.uint32]
-    shares = [r.value.tobytes() for r in received if r.value.dtype == np.uint64]
+    # PRF keys are 8 u32 words; everything else is shares (u64) or truncation bits (u32)
+    is_key = [r.value.dtype == np.uint32 and r.value.shape == (8,) for r in received]
+    keys = [r.value.tobytes() for r, key in zip(received, is_key, strict=True) if key]
+    shares = [r.value.tobytes() for r, key in zip(received, is_key, strict=True) if not key]
     assert len(keys) == 3 * 6  # the first key exchange, then one per iteration
     assert len(set(keys)) == len(keys)
     assert len(shares) >= 3 * 5 and len(set(shares)) == len(shares)

@@ -6,8 +6,10 @@ Rounds come from the program graph (`round_depth`: the longest chain of SHUFFLEs
 the reveal after are the same for every computation.
 
 ABY3 costs per output element: a product reshares one ring element (8 bytes) to every party
-in one round; a fixed-point product then truncates, one more round in which role 0 alone
-receives 8 bytes; a 64-bit comparison takes at most 10 rounds.
+in one round; a fixed-point product with precise truncation (the default) takes three rounds
+in which each role sends 12 bytes (role 2 deals, roles 0 and 1 receive); with probabilistic
+truncation, one reshare round and one round in which role 0 alone receives 8 bytes; a 64-bit
+comparison takes at most 10 rounds.
 """
 
 from __future__ import annotations
@@ -32,21 +34,23 @@ TIMEOUT = 180.0
 RING_BYTES = 8
 
 
-def _sealed(fn: Any) -> Any:
+def _sealed(fn: Any, truncation: str) -> Any:
     """A program that seals two inputs, runs `fn` on them and keeps the result sealed."""
 
     @mp.function
     def program(x: Any, y: Any) -> Any:
-        a, b = mp.mpc.seal((x, y))
+        a, b = mp.mpc.seal((x, y), truncation=truncation)
         return mp.mpc.run(fn, a, b)
 
     return program
 
 
-def measure(fn: Any, x: np.ndarray, y: np.ndarray) -> tuple[int, dict[int, int], dict[int, int]]:
+def measure(
+    fn: Any, x: np.ndarray, y: np.ndarray, truncation: str = "precise"
+) -> tuple[int, dict[int, int], dict[int, int]]:
     """(rounds, round-message bytes received per party, round messages received per party)
     for `fn` on x and y."""
-    program_fn = _sealed(fn)
+    program_fn = _sealed(fn, truncation)
     with RecordingSimulator(3, timeout=TIMEOUT) as sim:
         a, b = sim.put(0, x), sim.put(1, y)
         program = sim.compile(program_fn, a, b)
@@ -71,8 +75,26 @@ REALS = RNG.uniform(-4, 4, N), RNG.uniform(-4, 4, N)
 INTS = RNG.integers(-(2**40), 2**40, N), RNG.integers(-(2**40), 2**40, N)
 
 
-def test_fixed_point_mul_is_a_reshare_round_and_a_truncation_round():
+NARROW_BYTES = 4  # the truncation's masked wrap bits and dealer correction travel as u32
+
+
+def test_fixed_point_mul_with_precise_truncation_is_three_rounds_of_12_bytes_per_role():
     rounds, received, messages = measure(lambda a, b: a * b, *REALS)
+    assert rounds == 3
+    # role 1 receives role 2's half of the product and the dealer's correction (round 1),
+    # role 0's masked bit (round 2) and role 0's reshare (round 3); role 0 receives role 1's
+    # masked bit and reshare; role 2 only deals
+    assert messages == {0: 2, 1: 4, 2: 0}
+    assert received == {
+        0: (NARROW_BYTES + RING_BYTES) * N,
+        1: (2 * RING_BYTES + 2 * NARROW_BYTES) * N,
+        2: 0,
+    }
+    assert sum(received.values()) == 3 * 12 * N  # each role sends 12 bytes per element
+
+
+def test_fixed_point_mul_with_probabilistic_truncation_is_a_reshare_and_a_truncation_round():
+    rounds, received, messages = measure(lambda a, b: a * b, *REALS, truncation="probabilistic")
     assert rounds == 2
     assert messages == {0: 2, 1: 1, 2: 1}
     # reshare: every party receives one ring element per output element from the next role;
@@ -95,23 +117,32 @@ def test_dot_sends_one_ring_element_per_output_whatever_the_inner_dimension():
 
     rounds, received, messages = measure(dots, *REALS)
     outputs = 2 * 2 + 1 * 3
-    assert rounds == 2
-    assert messages == {0: 2, 1: 1, 2: 1}  # both dots' reshares travel as one message
+    assert rounds == 3
+    assert messages == {0: 2, 1: 4, 2: 0}  # both dots' messages of a round travel as one
     assert received == {
-        0: 2 * RING_BYTES * outputs,
-        1: RING_BYTES * outputs,
-        2: RING_BYTES * outputs,
+        0: (NARROW_BYTES + RING_BYTES) * outputs,
+        1: (2 * RING_BYTES + 2 * NARROW_BYTES) * outputs,
+        2: 0,
     }
 
 
-def test_a_64_bit_comparison_takes_at_most_10_rounds():
-    rounds, received, messages = measure(lambda a, b: a < b, *INTS)
-    assert 1 <= rounds <= 10
+def test_a_32_bit_comparison_is_one_sign_8_rounds_and_33_bytes():
+    rounds, received, messages = measure(lambda a, b: a < b, *(v.astype(np.int32) for v in INTS))
+    assert rounds == 8
     assert messages == {0: rounds, 1: rounds, 2: rounds}  # one AND reshare per round
     # the AND reshares narrow with the Kogge-Stone levels: at most 264 bits an element per
     # party, the protocol's documented cost (aby3.py)
     for party in range(3):
         assert 0 < received[party] <= 33 * N, (party, received[party])
+
+
+def test_a_64_bit_comparison_is_three_signs_and_one_and_9_rounds():
+    # exact over the whole int64 range: signs of a, b and a - b in one batch, one AND more
+    rounds, received, messages = measure(lambda a, b: a < b, *INTS)
+    assert rounds == 9
+    assert messages == {0: rounds, 1: rounds, 2: rounds}
+    for party in range(3):
+        assert 33 * N < received[party] <= (3 * 33 + 1) * N, (party, received[party])
 
 
 def test_linear_work_sends_nothing():

@@ -9,17 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
+import mpplug as mp
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROGRAMS = r"""
 import json, sys
 import jax, jax.numpy as jnp
+import numpy as np
+import mpplug as mp
 
 
-def sealed(fn):
+def sealed(fn, truncation="precise"):
     @mp.function
     def program(x, y):
-        a, b = mp.mpc.seal((x, y))
+        a, b = mp.mpc.seal((x, y), truncation=truncation)
         return mp.mpc.reveal(mp.mpc.run(fn, a, b), to=0)
     return program
 
@@ -33,6 +39,7 @@ def logistic_step(x, y):
 cases = {
     "millionaire": (sealed(lambda a, b: a < b), np.int64, (8,), (8,)),
     "product": (sealed(lambda a, b: a * b), np.float64, (8,), (8,)),
+    "product, probabilistic": (sealed(lambda a, b: a * b, "probabilistic"), np.float64, (8,), (8,)),
     "int64 order": (sealed(lambda a, b: (jnp.maximum(a, b), a == b)), np.int64, (8,), (8,)),
     "logistic step": (sealed(logistic_step), np.float32, (16, 4), (16,)),
 }
@@ -72,3 +79,14 @@ def test_secure_programs_trace_to_the_same_bytes_in_every_process():
         assert second[name][0] == digest, f"{name}: digest differs across processes"
     digests = [first[name][0] for name in first]
     assert len(set(digests)) == len(digests), "distinct programs must not share a digest"
+
+
+def test_the_truncation_choice_changes_the_program():
+    @mp.function
+    def program(x: object, y: object) -> object:
+        a, b = mp.mpc.seal((x, y), truncation="probabilistic")
+        return mp.mpc.run(lambda u, v: u * v, a, b)
+
+    args = (mp.MPObject(np.zeros(3), 0), mp.MPObject(np.zeros(3), 1))
+    ir = mp.compile(program, *args, world_size=3).ir()
+    assert "trunc" in ir and "trunc.bits" not in ir

@@ -1,12 +1,15 @@
 """What a party sees: every value each party receives during MPC programs, on the Simulator.
 
 `RecordingSimulator` (tests/mpc_views.py) logs the payload of every value a party receives.
-For a secure millionaire (x < y on int64 vectors, revealed to party 0) and a secure
-fixed-point matmul (revealed to party 1), each input pair is sealed 24 times and the
-computation then runs 24 times on the last sealing's shares, for two secrets A and B:
+For a secure millionaire (x < y on int64 vectors, revealed to party 0), a secure fixed-point
+matmul (revealed to party 1) and fixed-point products under both truncations, each input pair
+is sealed 24 times and the computation then runs 24 times on the last sealing's shares, for
+two secrets A and B:
 
 - the protocol's round messages (every `mpc.*` round: the comparison's AND reshares, whatever
-  their width, the dot reshare and the truncation) are uniform bytes for a fixed secret and
+  their width, the product's reshare or its half sent to role 1, the precise truncation's
+  masked wrap bits, dealer correction and reshare, the probabilistic truncation's masked
+  share) are uniform bytes for a fixed secret and
   fixed shares: a chi-square test over the 256 byte values, and one over the 64 bit positions
   of the u64 words, each with p > P_MIN; no message repeats from one run to the next. A
   message that is a function of the shares alone (a missing zero-share mask, a truncation
@@ -20,8 +23,9 @@ computation then runs 24 times on the last sealing's shares, for two secrets A a
 
 Not tested for uniformity: the reveal's own message (party k must learn the output from it;
 for a comparison it is a 0/1 share) and the PRF keys passed at setup (fresh prand words). With
-60 statistical tests at P_MIN = 1e-6 a correct protocol fails a run with probability < 1e-4;
-test_a_chi_square_test_this_strong_sees_a_biased_view shows they are not vacuous.
+about 150 statistical tests at P_MIN = 1e-6 a correct protocol fails a run with probability
+< 2e-4; test_a_chi_square_test_this_strong_sees_a_biased_view shows they are not vacuous, and
+test_a_truncation_with_a_broken_mask_fails_the_views that they catch a broken mask.
 """
 
 from __future__ import annotations
@@ -62,6 +66,19 @@ def matmul(a: Any, b: Any) -> Any:
     return mp.mpc.reveal(mp.mpc.run(lambda u, v: u @ v, a, b), to=1)
 
 
+def sealing(truncation: str) -> Any:
+    @mp.function
+    def seal(x: Any, y: Any) -> Any:
+        return mp.mpc.seal((x, y), truncation=truncation)
+
+    return seal
+
+
+@mp.function
+def product(a: Any, b: Any) -> Any:
+    return mp.mpc.reveal(mp.mpc.run(lambda u, v: u * v, a, b), to=0)
+
+
 def byte_histogram(data: bytes) -> np.ndarray:
     return np.bincount(np.frombuffer(data, np.uint8), minlength=256)
 
@@ -87,7 +104,7 @@ def same_distribution_p(a: bytes, b: bytes) -> float:
 
 
 def views(
-    sim: RecordingSimulator, compute: Any, x: Any, y: Any
+    sim: RecordingSimulator, compute: Any, x: Any, y: Any, seal: Any = seal_both
 ) -> tuple[Any, dict[str, dict[int, list[Received]]]]:
     """What each party receives, by kind, while x and y are sealed EVALUATIONS times and then
     `compute` runs EVALUATIONS times on the last sealing's shares: its round messages come
@@ -104,7 +121,7 @@ def views(
         return out
 
     for _ in range(EVALUATIONS):
-        sealed = record(seal_both, x, y)
+        sealed = record(seal, x, y)
     for _ in range(EVALUATIONS):
         out = record(compute, *sealed)
     return out, seen
@@ -149,10 +166,13 @@ def check_views(case: str, secrets: dict[str, Any], seen: dict[str, dict[str, An
     """
     failures = []
     for kind in (ROUND, SEAL):
-        for party in range(3):
+        # with two owners, every party receives some other owner's shares; a round's
+        # receivers are the protocol's to choose (role 2 of a precise truncation only deals)
+        parties = range(3) if kind == SEAL else sorted(seen["A"].get(kind, {}))
+        assert parties, f"{case}: no {kind} messages"
+        for party in parties:
             a = seen["A"].get(kind, {}).get(party, [])
             b = seen["B"].get(kind, {}).get(party, [])
-            # with two owners, every party receives some other owner's shares
             assert a and b, f"{case}: party {party} received no {kind} messages"
             failures += check_uniform(f"{case} {kind} at party {party}, secret A", a)
             failures += check_uniform(f"{case} {kind} at party {party}, secret B", b)
@@ -218,8 +238,51 @@ def test_matmul_views_are_uniform_secret_independent_and_free_of_inputs_and_resu
                 for party, messages in by_party.items():
                     data = payload(messages)
                     assert not any(w in data for w in plaintext), f"{kind} to {party}: result"
-    assert sorted(seen["A"][ROUND]) == [0, 1, 2], "every party takes part in every round"
+    # the fused product and precise truncation send to roles 0 and 1; role 2 deals
+    assert sorted(seen["A"][ROUND]) == [0, 1]
     check_views("matmul", secrets, seen)
+
+
+def product_views(truncation: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Secrets and views of x * y revealed to party 0. Secret A: products around 1; secret B:
+    products around 1e6 (where a broken truncation would show its wrap bits)."""
+    rng = np.random.default_rng(seed)
+    seen, secrets = {}, {}
+    with RecordingSimulator(3, timeout=TIMEOUT) as sim:
+        for name, scale in (("A", 1.0), ("B", 1e3)):
+            x = rng.uniform(-1, 1, 96) * scale
+            y = rng.uniform(-1, 1, 96) * scale
+            out, seen[name] = views(
+                sim, product, sim.put(0, x), sim.put(2, y), seal=sealing(truncation)
+            )
+            result = sim.fetch(out)[0]
+            want = (encode(x) / 2.0**F) * (encode(y) / 2.0**F)
+            np.testing.assert_allclose(result, want, atol=2.0**-F)
+            secrets[name] = {0: _words(encode(x)), 2: _words(encode(y))}
+    return secrets, seen
+
+
+@pytest.mark.parametrize("truncation", ["precise", "probabilistic"])
+def test_fixed_point_product_views_are_uniform_under_either_truncation(truncation: str):
+    secrets, seen = product_views(truncation, seed=5)
+    check_views(f"product ({truncation} truncation)", secrets, seen)
+
+
+def test_a_truncation_with_a_broken_mask_fails_the_views(monkeypatch: pytest.MonkeyPatch):
+    """Mutation check: role 0's wrap-bit mask drawn as zeros (its bit then travels in clear
+    to role 1) must fail the views the test above passes."""
+    from mpplug.mpc.aby3 import ABY3
+
+    drawn = ABY3._bit_product_masks
+
+    def zero_mask_a(self: Any, ctx: Any, shape: Any) -> Any:
+        mask_a, *rest = drawn(self, ctx, shape)
+        return [mask_a * np.uint64(0), *rest]
+
+    monkeypatch.setattr(ABY3, "_bit_product_masks", zero_mask_a)
+    secrets, seen = product_views("precise", seed=6)
+    with pytest.raises(AssertionError, match="not uniform"):
+        check_views("product with a broken mask", secrets, seen)
 
 
 def test_a_chi_square_test_this_strong_sees_a_biased_view():

@@ -622,6 +622,6 @@ def test_sealed_repr_and_program_ir_name_the_mpc_steps():
     ints = mp.MPObject(np.zeros((2, 3), np.int32), 1)
     ir = mp.compile(program, mp.MPObject(np.zeros((2, 3)), 0), ints, world_size=3).ir()
     assert seen == ["Sealed(f64[2,3] @ aby3{0,1,2}, fxp18)"] * 2
-    for name in ("mpc.", "mul.reshare", "trunc", "and.reshare", "jax.exec:split"):
+    for name in ("mpc.", "trunc.pair", "trunc.bits", "and.reshare", "jax.exec:split"):
         assert name in ir, name
     assert "shuffle" in ir

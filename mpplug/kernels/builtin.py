@@ -1,5 +1,5 @@
-"""Builtin kernels (constant, rank, random, identity, counter, read, write) and the PFunctions
-that call them.
+"""Builtin kernels (constant, rank, random, identity, counter, read, write, check_range) and the
+PFunctions that call them.
 
 They are registered through entry points exactly like any third-party kernel.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mpplug.core import DType, PFunction, TensorType
-from mpplug.errors import InvalidPFunctionError
+from mpplug.errors import FixedPointRangeError, InvalidPFunctionError
 from mpplug.kernels.runtime import KernelRuntime
 
 CONSTANT = "mpplug.constant"
@@ -23,6 +23,7 @@ IDENTITY = "mpplug.identity"
 COUNTER = "mpplug.counter"
 READ = "mpplug.read"
 WRITE = "mpplug.write"
+CHECK_RANGE = "mpplug.check_range"
 
 RANK_TYPE = TensorType(DType.INT32, ())
 INDEX_TYPE = TensorType(DType.INT32, ())
@@ -73,6 +74,14 @@ def read_pfunction(name: str, ttype: TensorType) -> PFunction:
 def write_pfunction(name: str, ttype: TensorType) -> PFunction:
     """ttype -> bool[]: writes the value as the party's output `name`; returns True."""
     return PFunction(WRITE, "write", b"", (ttype,), (FLAG_TYPE,), {"name": name})
+
+
+def check_range_pfunction(ttype: TensorType, limit: float, label: str) -> PFunction:
+    """ttype -> ttype: the value itself once every element is finite with |v| < `limit`;
+    otherwise `FixedPointRangeError` naming `label` (what the value is in the program)."""
+    return PFunction(
+        CHECK_RANGE, "check_range", b"", (ttype,), (ttype,), {"limit": float(limit), "label": label}
+    )
 
 
 def _dataset_name(pfunc: PFunction) -> str:
@@ -143,3 +152,25 @@ def run_write(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> 
         raise InvalidPFunctionError(f"{WRITE}: expected one input and a {FLAG_TYPE} output")
     runtime.datasets.write(_dataset_name(pfunc), args[0])
     return [np.asarray(True)]
+
+
+def run_check_range(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    limit, label = pfunc.attrs.get("limit"), pfunc.attrs.get("label")
+    if not isinstance(limit, float) or not isinstance(label, str):
+        raise InvalidPFunctionError(
+            f"{CHECK_RANGE}: expected a float attribute 'limit' and a str 'label', got "
+            f"{limit!r} and {label!r}"
+        )
+    if len(pfunc.ins_info) != 1 or pfunc.outs_info != pfunc.ins_info:
+        raise InvalidPFunctionError(f"{CHECK_RANGE}: expected one input and the same output")
+    values = np.asarray(args[0])
+    outside = ~(np.abs(values) < limit)  # NaN and infinities are outside too
+    if outside.any():
+        first = int(np.flatnonzero(outside)[0])
+        index = tuple(int(i) for i in np.unravel_index(first, values.shape))
+        got = float(values.flat[first])
+        raise FixedPointRangeError(
+            f"{label}: expected finite values with |v| < {limit:.6g}, got {got!r} "
+            f"at index {index} ({int(outside.sum())} of {values.size} elements outside)"
+        )
+    return [args[0]]

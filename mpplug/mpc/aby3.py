@@ -3,10 +3,13 @@ Nof and Ohara, CCS 2016; Mohassel and Rindal, ABY3, CCS 2018).
 
 x = x0 + x1 + x2 (arithmetic) or x0 ^ x1 ^ x2 (boolean); role i holds (x_i, x_{i+1}) as one
 uint64[2, ...] array. Role i also holds PRF keys k_i and k_{i+1}, so each pair of roles shares
-a key and every zero-sharing is free. Costs, per party and output element (k = ring bits):
+a key and every zero-sharing is free. Costs, per output element (k = 64 ring bits, w = 32 bits
+for truncations by at most 32 bits, else 64), as rounds and bits sent by roles (0, 1, 2):
   add, sub, public ops, reshape and friends   local
-  mul, dot_general, AND                       1 round, k bits (one message to role i-1)
-  trunc (ABY3 share truncation I)             1 round, k bits from role 1 to role 0 only
+  mul, dot_general, AND                       1 round, (k, k, k)
+  trunc, precise (default)                    2 rounds, (w + k, w + k, w)
+  mul or dot_general then precise trunc       3 rounds, (w + k, w + k, k + w): fused
+  trunc, probabilistic (ABY3 truncation I)    1 round, (0, k, 0)
   msb (sign; carry-save + Kogge-Stone)        8 rounds, about 264 bits
   b2a of one bit (two XORs as products)       2 rounds, 2k bits
 Threat model: one semi-honest corrupted party learns nothing (its view is uniform given its
@@ -33,6 +36,12 @@ from mpplug.mpc.rounds import exchange
 
 _FROM_NEXT = (1, 2, 0)
 """Role i receives role i+1's value: the reshare after a product."""
+_SWAP_01 = (1, 0, 2)
+"""Roles 0 and 1 swap values; role 2 keeps its own."""
+_TO_1_FROM_2 = (0, 2, 2)
+"""Role 1 receives role 2's value."""
+_QUARTER, _HALF = 1 << 62, 1 << 63
+"""L/4 and L/2 for the ring Z_L, L = 2^64: precise truncation needs |x| < L/4."""
 _DTYPE_OF_BITS = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}
 _EVEN_MASKS = (
     0x5555555555555555,
@@ -164,25 +173,104 @@ class ABY3(Protocol):
     def _reshare(self, ctx: Context, z: jnp.ndarray, tag: str) -> Shares:
         return jnp.stack([z, exchange(z, _FROM_NEXT, tag)])
 
-    def mul(self, ctx: Context, a: Shares, b: Shares) -> Shares:
-        z = a[0] * b[0] + a[0] * b[1] + a[1] * b[0]
-        return self._reshare(ctx, z + self._zero(ctx, z.shape), "mul.reshare")
+    def _cross(self, a: Shares, b: Shares) -> jnp.ndarray:
+        """Role i's additive share z_i = a_i b_i + a_i b_i+1 + a_i+1 b_i of the product."""
+        return a[0] * b[0] + a[0] * b[1] + a[1] * b[0]
 
-    def dot_general(self, ctx: Context, a: Shares, b: Shares, dimension_numbers: Any) -> Shares:
+    def _dot_cross(self, a: Shares, b: Shares, dimension_numbers: Any) -> jnp.ndarray:
         z = ring.dot_general(a[0] + a[1], b[0], dimension_numbers)
-        z = z + ring.dot_general(a[0], b[1], dimension_numbers)
-        return self._reshare(ctx, z + self._zero(ctx, z.shape), "dot.reshare")
+        return z + ring.dot_general(a[0], b[1], dimension_numbers)
+
+    def mul(self, ctx: Context, a: Shares, b: Shares, bits: int = 0) -> Shares:
+        return self._finish_product(ctx, self._cross(a, b), bits, "mul")
+
+    def dot_general(
+        self, ctx: Context, a: Shares, b: Shares, dimension_numbers: Any, bits: int = 0
+    ) -> Shares:
+        return self._finish_product(ctx, self._dot_cross(a, b, dimension_numbers), bits, "dot")
+
+    def _finish_product(self, ctx: Context, z: jnp.ndarray, bits: int, tag: str) -> Shares:
+        """Replicated shares of sum_i z_i, shifted right by `bits` when `bits` > 0."""
+        if bits and ctx.truncation == "precise":
+            return self._trunc_pair(ctx, self._pair_from_additive(ctx, z), bits)
+        product = self._reshare(ctx, z + self._zero(ctx, z.shape), f"{tag}.reshare")
+        return self.trunc(ctx, product, bits) if bits else product
 
     def trunc(self, ctx: Context, a: Shares, bits: int) -> Shares:
+        if ctx.truncation == "probabilistic":
+            return self._trunc_probabilistic(ctx, a, bits)
+        # Replicated to two-out-of-two between roles 0 and 1: x0 + x1 at role 0, x2 at role 1.
+        return self._trunc_pair(ctx, jnp.where(ctx.role == 0, a[0] + a[1], a[1]), bits)
+
+    def _trunc_probabilistic(self, ctx: Context, a: Shares, bits: int) -> Shares:
         # ABY3 share truncation I (Mohassel-Rindal 2018, section 5.1.1), as in SPU's TruncA:
         # role 1 truncates x1 + x2 (rounding up), role 0 and 2 truncate x0 (rounding down);
-        # role 1 masks its part with r from k2 and sends it to role 0.
+        # role 1 masks its part with r from k2 and sends it to role 0. Wrong by about 2^(64-bits)
+        # with probability about |x| / 2^63.
         r = self._pair_random(ctx, a.shape[1:], owner_role=2)
         upper = -ring.arshift(-(a[0] + a[1]), bits) - r
         sent = exchange(upper, (1, 1, 2), "trunc")
         own = jnp.where(ctx.role == 0, ring.arshift(a[0], bits), jnp.where(ctx.role == 1, sent, r))
         nxt = jnp.where(ctx.role == 0, sent, jnp.where(ctx.role == 1, r, ring.arshift(a[1], bits)))
         return jnp.stack([own, nxt])
+
+    def _pair_from_additive(self, ctx: Context, z: jnp.ndarray) -> jnp.ndarray:
+        """Three-out-of-three shares z_i (role i knows z_i) to two-out-of-two between roles 0
+        and 1: role 2 sends z2 - r to role 1, with r from k0 (known to roles 2 and 0, never to
+        role 1). One round, k bits from role 2; it replaces a product's reshare."""
+        r = self._pair_random(ctx, z.shape, owner_role=0)
+        moved = exchange(z - r, _TO_1_FROM_2, "trunc.pair")
+        return jnp.where(ctx.role == 0, z + r, z + moved)
+
+    def _bit_product_masks(self, ctx: Context, shape: Sequence[int]) -> list[jnp.ndarray]:
+        """The dealer's randomness for one private product of role 0's and role 1's bits:
+        (mask_a, c0) from k0 (roles 2 and 0), (mask_b, c1) from k2 (roles 1 and 2)."""
+        return [self._pair_random(ctx, shape, owner_role=o) for o in (0, 0, 2, 2)]
+
+    def _trunc_pair(self, ctx: Context, u: jnp.ndarray, bits: int) -> Shares:
+        """Precise truncation of x = u0 + u1 (u0 at role 0, u1 at role 1; role 2 helps) for
+        |x| < 2^62, back to replicated shares: floor(x / 2^bits) or one more, never further.
+
+        The one-bit-error truncation of "Improved secure two-party computation from a
+        geometric perspective" (eprint 2025/200, Algorithm 4; SPU's TruncAPr2 for ABY3). With
+        |x| < L/4, the wrap count of u0 + u1 = x + w L is w = [u0 >= L/4] + a b for the bits
+        a = [u0 - L/4 >= L/2] (role 0's) and b = [u1 >= L/2] (role 1's), so
+        floor(x / 2^m) = (u0 >> m) + (u1 >> m) - w 2^(64-m) + {0, 1}. a b is one private
+        product with role 2 as dealer (Beaver's trick on two private bits, in Z_2^w): role 2
+        derives a's mask and c0 with role 0 (key k0), b's mask and c1 with role 1 (key k2) and
+        sends role 1 the correction that makes c0 + c1 = mask_a mask_b (independent of the
+        data, so it travels in the program's first round). Roles 0 and 1 swap their masked bits
+        (round 1) and then reshare the two-out-of-two result to replicated shares, each masking
+        its half with a key the other lacks (round 2). Costs (w + k, w + k, w) bits.
+        """
+        narrow = jnp.uint32 if bits <= 32 else ring.RING
+        shape = u.shape
+        first = ctx.role == 0
+        a = (u - _u64(_QUARTER)) >= _u64(_HALF)
+        b = u >= _u64(_HALF)
+        mine = jnp.where(first, a, b).astype(ring.RING)
+        mask_a, c0, mask_b, c1 = self._bit_product_masks(ctx, shape)
+        correction = exchange(
+            (mask_a * mask_b - c0 - c1).astype(narrow), _TO_1_FROM_2, "trunc.dealer"
+        )
+        masked = jnp.where(first, mask_a, mask_b) + mine
+        theirs = exchange(masked.astype(narrow), _SWAP_01, "trunc.bits").astype(ring.RING)
+        product = jnp.where(
+            first, mine * theirs + c0, c1 + correction.astype(ring.RING) - mask_b * theirs
+        )
+        wraps = product + jnp.where(first, u >= _u64(_QUARTER), False).astype(ring.RING)
+        shifted = (u >> np.uint64(bits)) - (wraps << np.uint64(64 - bits))
+        half = shifted + first.astype(ring.RING)  # + 1 at role 0: floor or one above
+        y0 = self._pair_random(ctx, shape, owner_role=0)  # roles 2 and 0
+        y2 = self._pair_random(ctx, shape, owner_role=2)  # roles 1 and 2
+        out = half - jnp.where(first, y0, y2)
+        y1 = out + exchange(out, _SWAP_01, "trunc.reshare")
+        return jnp.stack(
+            [
+                jnp.where(first, y0, jnp.where(ctx.role == 1, y1, y2)),
+                jnp.where(first, y1, jnp.where(ctx.role == 1, y2, y0)),
+            ]
+        )
 
     def xor_public(self, ctx: Context, a: Shares, mask: Any) -> Shares:
         return a ^ self.lift(ctx, jnp.broadcast_to(mask, a.shape[1:]).astype(a.dtype))

@@ -20,16 +20,29 @@ from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import format_parties
 from mpplug.errors import TraceError
 from mpplug.frontend.jax_export import function_name
+from mpplug.frontend.primitives import run_pfunc
 from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
+from mpplug.kernels.builtin import check_range_pfunction
 from mpplug.mpc import ring
 from mpplug.mpc.aby3 import ABY3
 from mpplug.mpc.interpreter import Interpreter, Secret, is_float
-from mpplug.mpc.protocol import Context, Protocol
+from mpplug.mpc.protocol import TRUNCATIONS, Context, Protocol
 from mpplug.mpc.rounds import emit_rounds
 from mpplug.mpc.sealed import Sealed
 
 DEFAULT_FRAC_BITS = 18
 """Fraction bits of fixed point, as SPU's FM64 default."""
+RANGE_BITS = 62
+"""Fixed-point values v must satisfy |v| 2^f < 2^62 (a quarter of the ring): then differences
+compare exactly and precise truncation is exact to one unit; a product must satisfy it too,
+with 2f fraction bits, before it is truncated."""
+
+
+def fixed_point_limit(frac_bits: int) -> float:
+    """The largest magnitude (exclusive) a sealed real may have: 2^(62 - frac_bits)."""
+    return 2.0 ** (RANGE_BITS - frac_bits)
+
+
 PROTOCOLS: dict[str, Protocol] = {"aby3": ABY3()}
 
 
@@ -92,12 +105,17 @@ def seal(
     parties: Sequence[int | str] | None = None,
     *,
     frac_bits: int = DEFAULT_FRAC_BITS,
+    truncation: str = "precise",
     protocol: str = "aby3",
 ) -> Any:
     """Secret-share `x` (a pytree of values each held by one party) among `parties`.
 
-    Floats are encoded in fixed point with `frac_bits` fraction bits; ints and bools stay
-    integers. The holder may be inside or outside the computing set.
+    Floats are encoded in fixed point with `frac_bits` fraction bits, after their owner checks
+    that every element is finite with |v| < 2^(62 - frac_bits) (`FixedPointRangeError`
+    otherwise); ints and bools stay integers. `truncation` picks how products are rescaled:
+    "precise" (off by at most one unit in the last place) or "probabilistic" (cheaper, and
+    rarely wrong by a lot; see docs/mpc.md). The holder may be inside or outside the
+    computing set.
     """
     builder = current_builder("mpc.seal")
     where = "mp.mpc.seal"
@@ -105,6 +123,11 @@ def seal(
     ranks = _computing_parties(builder, parties, proto, where)
     if not 0 < frac_bits < 32:
         raise TraceError(f"{where}: expected frac_bits in 1..31, got {frac_bits}")
+    if truncation not in TRUNCATIONS:
+        raise TraceError(
+            f"{where}: expected truncation in {', '.join(map(repr, TRUNCATIONS))}, "
+            f"got {truncation!r}"
+        )
     leaves, tree = jax.tree.flatten(x, is_leaf=lambda v: isinstance(v, Sealed))
     if not leaves:
         raise TraceError(f"{where}: expected party values to seal, got {x!r}")
@@ -127,9 +150,24 @@ def seal(
             )
         (owner,) = value.parties
         dtype = value.dtype.numpy
+        if is_float(dtype):
+            label = (
+                f"{at} ({value.type} from {format_parties(value.parties)}; fixed point with "
+                f"frac_bits={frac_bits} holds |v| < 2^{RANGE_BITS - frac_bits})"
+            )
+            check = check_range_pfunction(value.type, fixed_point_limit(frac_bits), label)
+            (value,) = run_pfunc(check, value, parties=[owner])
         shares = proto.share(value, owner, ranks, _encoder(dtype, frac_bits))
         sealed.append(
-            Sealed(shares, value.shape, dtype, ranks, frac_bits=frac_bits, protocol=proto.name)
+            Sealed(
+                shares,
+                value.shape,
+                dtype,
+                ranks,
+                frac_bits=frac_bits,
+                protocol=proto.name,
+                truncation=truncation,
+            )
         )
     return jax.tree.unflatten(tree, sealed)
 
@@ -153,10 +191,11 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise TraceError(f"{where}: expected at least one sealed argument (mp.mpc.seal), got none")
     first = sealed[0]
     for s in sealed[1:]:
-        if (s.parties, s.frac_bits, s.protocol) != (first.parties, first.frac_bits, first.protocol):
+        settings = (s.parties, s.frac_bits, s.protocol, s.truncation)
+        if settings != (first.parties, first.frac_bits, first.protocol, first.truncation):
             raise TraceError(
                 f"{where}: sealed arguments disagree: {first!r} and {s!r} (computing parties, "
-                f"fixed point and protocol must match)"
+                f"fixed point, truncation and protocol must match)"
             )
     proto = _protocol(first.protocol, where)
     parties = first.parties
@@ -206,7 +245,7 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     metas: list[tuple[tuple[int, ...], np.dtype[Any], bool]] = []
 
     def share_program(role: Any, keys: Any, *inputs: Any) -> list[Any]:
-        ctx = Context(role, keys, first.frac_bits, lambda: next(state.streams))
+        ctx = Context(role, keys, first.frac_bits, lambda: next(state.streams), first.truncation)
         interpreter = Interpreter(proto, ctx, where)
         secrets = iter(inputs[: len(secret_inputs)])
         publics = iter(inputs[len(secret_inputs) :])
@@ -246,6 +285,7 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             frac_bits=first.frac_bits,
             boolean=boolean,
             protocol=proto.name,
+            truncation=first.truncation,
         )
         for out, (shape, dtype, boolean) in zip(outputs, metas, strict=True)
     ]

@@ -10,6 +10,9 @@ from mpplug.mpc.protocol import Shares
 
 EXP_SQUARINGS = 8
 """exp(x) = (1 + t + t^2/2)^(2^8) with t = x/2^8: SPU's and CrypTen's limit form, second order."""
+EXP_FLOOR = -64.0
+"""exp(x) is 0 below this (e^-64 is 2^-92, far below any resolution): the limit form's base
+grows again for x < -256, so below about -500 it would return garbage."""
 RECIPROCAL_ITERATIONS = 9
 LOG_ITERATIONS = 2
 LOG_ORDER = 8
@@ -17,18 +20,19 @@ RSQRT_ITERATIONS = 4
 
 
 def exp(fx: Fxp, x: Shares) -> Shares:
-    """e^x as (1 + t + t^2/2)^256 with t = x/256, 19 rounds: the limit form (1 + t)^256 of SPU
-    and CrypTen (relative error x^2/512, 3% at |x| = 4) with a second-order base, whose own
-    error is |x|^3/393,216 (1.6e-4 at |x| = 4). Fixed-point rounding adds up to about 2.5e-3
-    relative (t's, amplified 256 times, and the squarings'). Meant for x in [-16, 8]. The
-    squarings truncate ring values near e^x 2^36, which fail with probability about
-    e^x 2^-28 per element (2e-7 at x = 4, 1e-5 at x = 8)."""
+    """e^x as (1 + t + t^2/2)^256 with t = x/256: the limit form (1 + t)^256 of SPU and
+    CrypTen (relative error x^2/512, 3% at |x| = 4) with a second-order base, whose own error
+    is |x|^3/393,216 (1.6e-4 at |x| = 4). Fixed-point rounding adds up to about 2.5e-3
+    relative (t's, amplified 256 times, and the squarings'). Any x up to 17.9 (e^x must stay
+    below the range 2^(62-2f) = 2^26, as the last squaring's product); below EXP_FLOOR the
+    result is 0, from a sign test that runs beside the squarings. 30 rounds precise."""
+    below_floor = fx.is_negative(fx.add_const(x, -EXP_FLOOR))
     t = fx.scale_pow2(x, -EXP_SQUARINGS)
-    half_square = fx.protocol.trunc(fx.ctx, fx.protocol.mul(fx.ctx, t, t), fx.f + 1)
+    half_square = fx.protocol.mul(fx.ctx, t, t, fx.f + 1)
     y = fx.add_const(t + half_square, 1.0)
     for _ in range(EXP_SQUARINGS):
         y = fx.mul(y, y)
-    return y
+    return y - fx.times_int(below_floor, y)
 
 
 def _goldschmidt(fx: Fxp, x: Shares, y: Shares, iterations: int) -> Shares:
@@ -111,7 +115,7 @@ def rsqrt(fx: Fxp, x: Shares, iterations: int = RSQRT_ITERATIONS + 1) -> Shares:
     y = fx.add_const(y - fx.scale_pow2(x, -10), 0.2)
     for _ in range(iterations):
         t = fx.add_const(-fx.mul(x, fx.mul(y, y)), 3.0)
-        y = fx.protocol.trunc(fx.ctx, fx.protocol.mul(fx.ctx, y, t), fx.f + 1)
+        y = fx.protocol.mul(fx.ctx, y, t, fx.f + 1)
     return y
 
 
@@ -121,5 +125,5 @@ def sqrt(fx: Fxp, x: Shares) -> Shares:
     and leaves a few ulps (50 rounds)."""
     y = rsqrt(fx, x, RSQRT_ITERATIONS)
     g = fx.mul(x, y)
-    half_gy = fx.protocol.trunc(fx.ctx, fx.protocol.mul(fx.ctx, g, y), fx.f + 1)
+    half_gy = fx.protocol.mul(fx.ctx, g, y, fx.f + 1)
     return g + fx.mul(g, fx.add_const(-half_gy, 0.5))

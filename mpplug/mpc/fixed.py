@@ -32,7 +32,7 @@ class Fxp:
         return a + self.const(value, a.shape[1:])
 
     def mul(self, a: Shares, b: Shares) -> Shares:
-        return self.protocol.trunc(self.ctx, self.protocol.mul(self.ctx, a, b), self.f)
+        return self.protocol.mul(self.ctx, a, b, self.f)
 
     def mul_const(self, a: Shares, value: Any) -> Shares:
         """a * value for a public real `value` (one truncation round)."""

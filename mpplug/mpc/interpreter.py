@@ -270,18 +270,14 @@ def _mul(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     dtype = _aval(eqn).dtype
     shape = _aval(eqn).shape
     if isinstance(x, Secret) and isinstance(y, Secret):
-        product = self.protocol.mul(
-            self.ctx, self.arith(x, dtype, shape), self.arith(y, dtype, shape)
-        )
-    else:
-        secret, public = (x, y) if isinstance(x, Secret) else (y, x)
-        shares = self.arith(secret, dtype, shape)
-        if is_float(dtype):
-            return self.out(eqn, _times_public(self, shares, public, shape))
-        return self.out(eqn, shares * jnp.broadcast_to(self.encode(public, dtype), shape))
+        bits = self.ctx.frac_bits if is_float(dtype) else 0
+        a, b = self.arith(x, dtype, shape), self.arith(y, dtype, shape)
+        return self.out(eqn, self.protocol.mul(self.ctx, a, b, bits))
+    secret, public = (x, y) if isinstance(x, Secret) else (y, x)
+    shares = self.arith(secret, dtype, shape)
     if is_float(dtype):
-        product = self.protocol.trunc(self.ctx, product, self.ctx.frac_bits)
-    return self.out(eqn, product)
+        return self.out(eqn, _times_public(self, shares, public, shape))
+    return self.out(eqn, shares * jnp.broadcast_to(self.encode(public, dtype), shape))
 
 
 MAX_EXTRA_BITS = 20
@@ -307,10 +303,10 @@ def _dot_general(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secre
     dims = eqn.params["dimension_numbers"]
     dtype = _aval(eqn).dtype
     if isinstance(x, Secret) and isinstance(y, Secret):
-        product = self.protocol.dot_general(
-            self.ctx, self.arith(x, dtype), self.arith(y, dtype), dims
-        )
-    elif isinstance(x, Secret):
+        bits = self.ctx.frac_bits if is_float(dtype) else 0
+        a, b = self.arith(x, dtype), self.arith(y, dtype)
+        return self.out(eqn, self.protocol.dot_general(self.ctx, a, b, dims, bits))
+    if isinstance(x, Secret):
         public = self.encode(y, dtype)
         product = self.protocol.local(
             lambda a: ring.dot_general(a, public, dims), self.arith(x, dtype)
@@ -337,13 +333,43 @@ def _not(self: Interpreter, bits: Shares) -> Shares:
     return self.protocol.xor_public(self.ctx, bits, jnp.uint64(1))
 
 
+def _full_range(dtype: Any) -> bool:
+    """64-bit integers: their differences can overflow the ring's signed range."""
+    return bool(jnp.issubdtype(dtype, jnp.integer)) and np.dtype(dtype).itemsize == 8
+
+
+def _below(self: Interpreter, a: Shares, b: Shares, dtype: Any) -> Shares:
+    """XOR shares (bit 0) of a < b for arithmetic shares of `dtype` values.
+
+    Reals and integers up to 32 bits: the sign of a - b, which cannot overflow (8 rounds).
+    64-bit integers: signs of a, b and a - b in one batch, then a - b's sign corrected where
+    a and b differ in sign, lt = s_d ^ ((s_a ^ s_b) & (s_a ^ s_d)): exact over the whole
+    range for one AND round more (9 rounds, three times the sign's bytes). Unsigned 64-bit
+    values are compared as signed ones after adding 2^63 to both.
+    """
+    if not _full_range(dtype):
+        return self.protocol.msb(self.ctx, a - b)
+    if jnp.issubdtype(dtype, jnp.unsignedinteger):
+        top = self.protocol.lift(self.ctx, jnp.full(a.shape[1:], 1 << 63, ring.RING))
+        a, b = a + top, b + top
+    signs = self.protocol.msb(self.ctx, jnp.stack([a, b, a - b], axis=1))
+    s_a, s_b, s_d = signs[:, 0], signs[:, 1], signs[:, 2]
+    return s_d ^ self.protocol.and_(self.ctx, s_a ^ s_b, s_a ^ s_d, bits=1)
+
+
+def _below_arith(self: Interpreter, a: Shares, b: Shares, dtype: Any) -> Shares:
+    """Arithmetic 0/1 shares of a < b."""
+    return self.protocol.b2a(self.ctx, _below(self, a, b, dtype))
+
+
 @rule("lt", "gt", "le", "ge")
 def _order(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, y = values
     shape = _aval(eqn).shape
     if eqn.primitive.name in ("gt", "le"):
         x, y = y, x
-    below = self.protocol.msb(self.ctx, _difference(self, x, y, shape))
+    dtype = x.dtype if isinstance(x, Secret) else y.dtype
+    below = _below(self, self.arith(x, dtype, shape), self.arith(y, dtype, shape), dtype)
     if eqn.primitive.name in ("le", "ge"):
         below = _not(self, below)
     return self.out(eqn, below, boolean=True)
@@ -357,6 +383,9 @@ def _equality(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         d = _difference(self, x, y, shape)
         both = self.protocol.msb(self.ctx, jnp.stack([d, -d], axis=1))
         differ = both[:, 0] ^ both[:, 1]  # x < y or y < x, never both
+        if _full_range(x.dtype if isinstance(x, Secret) else y.dtype):
+            # d = -2^63 is its own negation: both signs set. OR instead of XOR (one round).
+            differ = differ ^ self.protocol.and_(self.ctx, both[:, 0], both[:, 1], bits=1)
     else:  # x != x is the NaN test; fixed-point values are never NaN
         differ = self.protocol.lift(self.ctx, jnp.zeros(x.shape, ring.RING))
     return self.out(eqn, _not(self, differ) if eqn.primitive.name == "eq" else differ, boolean=True)
@@ -390,7 +419,7 @@ def _negative(self: Interpreter, shares: Shares) -> Shares:
 def _extremum(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     aval = _aval(eqn)
     x, y = (self.arith(v, aval.dtype, aval.shape) for v in values)
-    bit = _negative(self, x - y)  # x < y
+    bit = _below_arith(self, x, y, aval.dtype)
     if eqn.primitive.name == "min":
         x, y = y, x
     return self.out(eqn, x + self.protocol.mul(self.ctx, bit, y - x))
@@ -406,7 +435,11 @@ def _abs(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 @rule("sign")
 def _sign(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x = self.arith(values[0], values[0].dtype)
-    bits = self.protocol.b2a(self.ctx, self.protocol.msb(self.ctx, jnp.stack([-x, x], axis=1)))
+    signs = self.protocol.msb(self.ctx, jnp.stack([-x, x], axis=1))  # (x > 0, x < 0)
+    if _full_range(values[0].dtype):  # -2^63 is its own negation: not positive
+        both = self.protocol.and_(self.ctx, signs[:, 0], signs[:, 1], bits=1)
+        signs = jnp.stack([signs[:, 0] ^ both, signs[:, 1]], axis=1)
+    bits = self.protocol.b2a(self.ctx, signs)
     sign = bits[:, 0] - bits[:, 1]
     if is_float(values[0].dtype):
         sign = sign << np.uint64(self.ctx.frac_bits)
@@ -414,7 +447,7 @@ def _sign(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 
 
 def _reduce_extremum(
-    self: Interpreter, shares: Shares, axis: int, largest: bool, with_index: bool, index_dtype: Any
+    self: Interpreter, shares: Shares, axis: int, largest: bool, with_index: bool, dtype: Any
 ) -> tuple[Shares, Shares | None]:
     """Tournament over `axis`: ceil(log2 n) levels of one comparison and one selection."""
     x = jnp.moveaxis(shares, axis + 1, -1)
@@ -427,7 +460,7 @@ def _reduce_extremum(
     while n > 1:
         half = n // 2
         a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]  # neighbours: ties keep a
-        bit = _negative(self, a - b if largest else b - a)  # 1 where b wins
+        bit = _below_arith(self, a, b, dtype) if largest else _below_arith(self, b, a, dtype)
         if index is not None:
             ia, ib = index[..., 0 : 2 * half : 2], index[..., 1 : 2 * half : 2]
             chosen = self.protocol.mul(
@@ -446,7 +479,8 @@ def _reduce_extremum(
 def _reduce_max(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x = self.arith(values[0], values[0].dtype)
     for axis in sorted(eqn.params["axes"], reverse=True):
-        x, _ = _reduce_extremum(self, x, axis, eqn.primitive.name == "reduce_max", False, None)
+        largest = eqn.primitive.name == "reduce_max"
+        x, _ = _reduce_extremum(self, x, axis, largest, False, values[0].dtype)
     return self.out(eqn, x)
 
 
@@ -454,7 +488,8 @@ def _reduce_max(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret
 def _argmax(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     (axis,) = eqn.params["axes"]
     x = self.arith(values[0], values[0].dtype)
-    _, index = _reduce_extremum(self, x, axis, eqn.primitive.name == "argmax", True, None)
+    largest = eqn.primitive.name == "argmax"
+    _, index = _reduce_extremum(self, x, axis, largest, True, values[0].dtype)
     assert index is not None
     return self.out(eqn, index)
 
@@ -536,9 +571,7 @@ def _power(self: Interpreter, x: Shares, exponent: int, floating: bool) -> Share
     """x^exponent (exponent >= 1) by square and multiply."""
 
     def product(a: Shares, b: Shares) -> Shares:
-        if floating:
-            return self.fx.mul(a, b)
-        return self.protocol.mul(self.ctx, a, b)
+        return self.protocol.mul(self.ctx, a, b, self.ctx.frac_bits if floating else 0)
 
     result = None
     base = x
@@ -646,7 +679,7 @@ def _clamp(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     shares = self.arith(x, aval.dtype, aval.shape)
     for bound, keep_larger in ((lo, True), (hi, False)):
         limit = self.arith(bound, aval.dtype, aval.shape)
-        below = _negative(self, shares - limit)  # x < bound
+        below = _below_arith(self, shares, limit, aval.dtype)
         if keep_larger:
             shares = shares + self.protocol.mul(self.ctx, below, limit - shares)
         else:

@@ -25,12 +25,20 @@ Shares = jnp.ndarray
 @dataclass
 class Context:
     """What a share program knows while it is traced: this party's role, its PRF keys,
-    the fixed-point precision and a counter that gives every random stream its own name."""
+    the fixed-point precision, the truncation protocol (`TRUNCATIONS`) and a counter that
+    gives every random stream its own name."""
 
     role: jnp.ndarray
     keys: jnp.ndarray
     frac_bits: int
     next_stream: Callable[[], int]
+    truncation: str = "precise"
+
+
+TRUNCATIONS = ("precise", "probabilistic")
+"""How fixed-point results are rescaled: `precise` (off by at most one unit in the last place
+for every value in range; the default) or `probabilistic` (cheaper, and wrong by about
+2^(64-bits) with a probability that grows with the value; see docs/mpc.md)."""
 
 
 class Protocol(ABC):
@@ -77,16 +85,19 @@ class Protocol(ABC):
         """Apply a function that is linear over the ring to each share."""
 
     @abstractmethod
-    def mul(self, ctx: Context, a: Shares, b: Shares) -> Shares:
-        """Elementwise product (one round)."""
+    def mul(self, ctx: Context, a: Shares, b: Shares, bits: int = 0) -> Shares:
+        """Elementwise product, arithmetically shifted right by `bits` when `bits` > 0 (a
+        fixed-point product: the truncation is fused with the product where it pays)."""
 
     @abstractmethod
-    def dot_general(self, ctx: Context, a: Shares, b: Shares, dimension_numbers: Any) -> Shares:
-        """`lax.dot_general` of shares (one round)."""
+    def dot_general(
+        self, ctx: Context, a: Shares, b: Shares, dimension_numbers: Any, bits: int = 0
+    ) -> Shares:
+        """`lax.dot_general` of shares, shifted right by `bits` as `mul`."""
 
     @abstractmethod
     def trunc(self, ctx: Context, a: Shares, bits: int) -> Shares:
-        """Arithmetic right shift by `bits` (fixed-point rescaling; one round)."""
+        """Arithmetic right shift by `bits` (fixed-point rescaling), by `ctx.truncation`."""
 
     @abstractmethod
     def xor_public(self, ctx: Context, a: Shares, mask: Any) -> Shares:

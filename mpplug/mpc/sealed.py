@@ -16,11 +16,21 @@ from mpplug.core.parties import format_parties
 class Sealed:
     """Shares of a tensor of logical `shape` and `dtype` among `parties` (roles in order).
 
-    Floats are fixed point with `frac_bits` fraction bits; `boolean` marks XOR-shared bits
-    (comparison results). Only `mp.mpc.reveal` turns it into plaintext.
+    Floats are fixed point with `frac_bits` fraction bits, rescaled after products by the
+    `truncation` protocol; `boolean` marks XOR-shared bits (comparison results). Only
+    `mp.mpc.reveal` turns it into plaintext.
     """
 
-    __slots__ = ("boolean", "dtype", "frac_bits", "parties", "protocol", "shape", "shares")
+    __slots__ = (
+        "boolean",
+        "dtype",
+        "frac_bits",
+        "parties",
+        "protocol",
+        "shape",
+        "shares",
+        "truncation",
+    )
 
     def __init__(
         self,
@@ -32,6 +42,7 @@ class Sealed:
         frac_bits: int,
         boolean: bool = False,
         protocol: str = "aby3",
+        truncation: str = "precise",
     ) -> None:
         self.shares = shares
         self.shape = tuple(shape)
@@ -40,16 +51,25 @@ class Sealed:
         self.frac_bits = frac_bits
         self.boolean = boolean
         self.protocol = protocol
+        self.truncation = truncation
 
     def _meta(self) -> tuple[Any, ...]:
-        return (self.shape, self.dtype, self.parties, self.frac_bits, self.boolean, self.protocol)
+        return (
+            self.shape,
+            self.dtype,
+            self.parties,
+            self.frac_bits,
+            self.boolean,
+            self.protocol,
+            self.truncation,
+        )
 
     def tree_flatten(self) -> tuple[tuple[MPObject], tuple[Any, ...]]:
         return (self.shares,), self._meta()
 
     @classmethod
     def tree_unflatten(cls, meta: tuple[Any, ...], children: Any) -> Sealed:
-        shape, dtype, parties, frac_bits, boolean, protocol = meta
+        shape, dtype, parties, frac_bits, boolean, protocol, truncation = meta
         return cls(
             children[0],
             shape,
@@ -58,6 +78,7 @@ class Sealed:
             frac_bits=frac_bits,
             boolean=boolean,
             protocol=protocol,
+            truncation=truncation,
         )
 
     @property
@@ -66,7 +87,11 @@ class Sealed:
         return f"{_short(self.dtype)}[{dims}]"
 
     def __repr__(self) -> str:
-        fxp = f", fxp{self.frac_bits}" if np.issubdtype(self.dtype, np.floating) else ""
+        fxp = ""
+        if np.issubdtype(self.dtype, np.floating):
+            fxp = f", fxp{self.frac_bits}"
+            if self.truncation != "precise":
+                fxp += f", {self.truncation} truncation"
         return (
             f"Sealed({self.type_str} @ {self.protocol}{format_parties(frozenset(self.parties))}"
             f"{fxp})"
