@@ -275,8 +275,8 @@ def test_a_truncation_with_a_broken_mask_fails_the_views(monkeypatch: pytest.Mon
 
     drawn = ABY3._bit_product_masks
 
-    def zero_mask_a(self: Any, ctx: Any, shape: Any) -> Any:
-        mask_a, *rest = drawn(self, ctx, shape)
+    def zero_mask_a(self: Any, ctx: Any, shape: Any, dtype: Any) -> Any:
+        mask_a, *rest = drawn(self, ctx, shape, dtype)
         return [mask_a * np.uint64(0), *rest]
 
     monkeypatch.setattr(ABY3, "_bit_product_masks", zero_mask_a)

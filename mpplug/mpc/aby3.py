@@ -57,6 +57,18 @@ def _u64(value: int) -> np.uint64:
     return np.uint64(value & 0xFFFFFFFFFFFFFFFF)
 
 
+def _words_for(shape: Sequence[int], dtype: Any) -> tuple[int]:
+    """How many uint64 PRF words hold `shape` elements of `dtype`."""
+    return (-(-math.prod(shape) // (8 // jnp.dtype(dtype).itemsize)),)
+
+
+def _narrow(words: jnp.ndarray, shape: Sequence[int], dtype: Any) -> jnp.ndarray:
+    """uint64 PRF words as `shape` elements of the unsigned `dtype`."""
+    if jnp.dtype(dtype).itemsize < 8:
+        words = lax.bitcast_convert_type(words, dtype).reshape(-1)
+    return words[: math.prod(shape)].reshape(tuple(shape))
+
+
 def _compress_even(x: jnp.ndarray, width: int) -> jnp.ndarray:
     """The even-position bits of the low `width` bits of x, packed into width/2 bits
     (a bit permutation, so it applies share by share to boolean shares)."""
@@ -158,17 +170,20 @@ class ABY3(Protocol):
 
     def _zero_bits(self, ctx: Context, shape: Sequence[int], dtype: Any) -> jnp.ndarray:
         """XOR shares of zero in `dtype` words (narrow words take fewer PRF words)."""
-        per_word = 8 // jnp.dtype(dtype).itemsize
-        count = -(-math.prod(shape) // per_word)
         stream = ctx.next_stream()
-        words = prf(ctx.keys[0], stream, (count,)) ^ prf(ctx.keys[1], stream, (count,))
-        narrow = lax.bitcast_convert_type(words, dtype).reshape(-1) if per_word > 1 else words
-        return narrow[: math.prod(shape)].reshape(tuple(shape))
+        mine = _narrow(prf(ctx.keys[0], stream, _words_for(shape, dtype)), shape, dtype)
+        theirs = _narrow(prf(ctx.keys[1], stream, _words_for(shape, dtype)), shape, dtype)
+        return mine ^ theirs
 
-    def _pair_random(self, ctx: Context, shape: Sequence[int], owner_role: int) -> jnp.ndarray:
-        """Randomness known to roles owner_role - 1 and owner_role (from key k_owner)."""
+    def _pair_random(
+        self, ctx: Context, shape: Sequence[int], owner_role: int, dtype: Any = ring.RING
+    ) -> jnp.ndarray:
+        """Randomness known to roles owner_role - 1 and owner_role (from key k_owner), as
+        `dtype` words (narrow words take fewer PRF words)."""
         key = jnp.where(ctx.role == owner_role, ctx.keys[0], ctx.keys[1])
-        return prf(key, ctx.next_stream(), shape)
+        users = ((owner_role - 1) % 3, owner_role)
+        words = prf(key, ctx.next_stream(), _words_for(shape, dtype), role=ctx.role, roles=users)
+        return _narrow(words, shape, dtype)
 
     def _reshare(self, ctx: Context, z: jnp.ndarray, tag: str) -> Shares:
         return jnp.stack([z, exchange(z, _FROM_NEXT, tag)])
@@ -222,10 +237,13 @@ class ABY3(Protocol):
         moved = exchange(z - r, _TO_1_FROM_2, "trunc.pair")
         return jnp.where(ctx.role == 0, z + r, z + moved)
 
-    def _bit_product_masks(self, ctx: Context, shape: Sequence[int]) -> list[jnp.ndarray]:
-        """The dealer's randomness for one private product of role 0's and role 1's bits:
-        (mask_a, c0) from k0 (roles 2 and 0), (mask_b, c1) from k2 (roles 1 and 2)."""
-        return [self._pair_random(ctx, shape, owner_role=o) for o in (0, 0, 2, 2)]
+    def _bit_product_masks(
+        self, ctx: Context, shape: Sequence[int], dtype: Any
+    ) -> list[jnp.ndarray]:
+        """The dealer's randomness for one private product of role 0's and role 1's bits, in
+        `dtype` words: (mask_a, c0) from k0 (roles 2 and 0), mask_b from k2 (roles 1 and 2)."""
+        drawn = [self._pair_random(ctx, shape, o, dtype) for o in (0, 0, 2)]
+        return [d.astype(ring.RING) for d in drawn]
 
     def _trunc_pair(self, ctx: Context, u: jnp.ndarray, bits: int) -> Shares:
         """Precise truncation of x = u0 + u1 (u0 at role 0, u1 at role 1; role 2 helps) for
@@ -237,9 +255,10 @@ class ABY3(Protocol):
         a = [u0 - L/4 >= L/2] (role 0's) and b = [u1 >= L/2] (role 1's), so
         floor(x / 2^m) = (u0 >> m) + (u1 >> m) - w 2^(64-m) + {0, 1}. a b is one private
         product with role 2 as dealer (Beaver's trick on two private bits, in Z_2^w): role 2
-        derives a's mask and c0 with role 0 (key k0), b's mask and c1 with role 1 (key k2) and
-        sends role 1 the correction that makes c0 + c1 = mask_a mask_b (independent of the
-        data, so it travels in the program's first round). Roles 0 and 1 swap their masked bits
+        derives a's mask and c0 with role 0 (key k0) and b's mask with role 1 (key k2), and
+        sends role 1 c1 = mask_a mask_b - c0 (uniform to role 1, which lacks k0; independent
+        of the data, so it travels in the program's first round). Roles 0 and 1 swap their
+        masked bits
         (round 1) and then reshare the two-out-of-two result to replicated shares, each masking
         its half with a key the other lacks (round 2). Costs (w + k, w + k, w) bits.
         """
@@ -249,15 +268,11 @@ class ABY3(Protocol):
         a = (u - _u64(_QUARTER)) >= _u64(_HALF)
         b = u >= _u64(_HALF)
         mine = jnp.where(first, a, b).astype(ring.RING)
-        mask_a, c0, mask_b, c1 = self._bit_product_masks(ctx, shape)
-        correction = exchange(
-            (mask_a * mask_b - c0 - c1).astype(narrow), _TO_1_FROM_2, "trunc.dealer"
-        )
+        mask_a, c0, mask_b = self._bit_product_masks(ctx, shape, narrow)
+        c1 = exchange((mask_a * mask_b - c0).astype(narrow), _TO_1_FROM_2, "trunc.dealer")
         masked = jnp.where(first, mask_a, mask_b) + mine
         theirs = exchange(masked.astype(narrow), _SWAP_01, "trunc.bits").astype(ring.RING)
-        product = jnp.where(
-            first, mine * theirs + c0, c1 + correction.astype(ring.RING) - mask_b * theirs
-        )
+        product = jnp.where(first, mine * theirs + c0, c1.astype(ring.RING) - mask_b * theirs)
         wraps = product + jnp.where(first, u >= _u64(_QUARTER), False).astype(ring.RING)
         shifted = (u >> np.uint64(bits)) - (wraps << np.uint64(64 - bits))
         half = shifted + first.astype(ring.RING)  # + 1 at role 0: floor or one above

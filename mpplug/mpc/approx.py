@@ -11,28 +11,32 @@ from mpplug.mpc.protocol import Shares
 EXP_SQUARINGS = 8
 """exp(x) = (1 + t + t^2/2)^(2^8) with t = x/2^8: SPU's and CrypTen's limit form, second order."""
 EXP_FLOOR = -64.0
-"""exp(x) is 0 below this (e^-64 is 2^-92, far below any resolution): the limit form's base
-grows again for x < -256, so below about -500 it would return garbage."""
+"""A saturating exp is 0 below this (e^-64 is 2^-92, far below any resolution)."""
+EXP_LOWEST = -500.0
+"""Below about -500 the limit form's base, which grows again for x < -256, exceeds 0.95 and
+its 256th power is no longer 0: exp's input range starts here unless it saturates."""
 RECIPROCAL_ITERATIONS = 9
 LOG_ITERATIONS = 2
 LOG_ORDER = 8
 RSQRT_ITERATIONS = 4
 
 
-def exp(fx: Fxp, x: Shares) -> Shares:
+def exp(fx: Fxp, x: Shares, saturate: bool = False) -> Shares:
     """e^x as (1 + t + t^2/2)^256 with t = x/256: the limit form (1 + t)^256 of SPU and
     CrypTen (relative error x^2/512, 3% at |x| = 4) with a second-order base, whose own error
     is |x|^3/393,216 (1.6e-4 at |x| = 4). Fixed-point rounding adds up to about 2.5e-3
-    relative (t's, amplified 256 times, and the squarings'). Any x up to 17.9 (e^x must stay
-    below the range 2^(62-2f) = 2^26, as the last squaring's product); below EXP_FLOOR the
-    result is 0, from a sign test that runs beside the squarings. 30 rounds precise."""
-    below_floor = fx.is_negative(fx.add_const(x, -EXP_FLOOR))
+    relative (t's, amplified 256 times, and the squarings'). x in [EXP_LOWEST, 17.9] (e^x
+    must stay below the range 2^(62-2f) = 2^26, as the last squaring's product): 27 rounds
+    precise, t and t^2/2 = x^2/2^17 computed side by side from x. With `saturate`, any x up
+    to 17.9: the result is 0 below EXP_FLOOR, from a sign test beside the squarings (one
+    round more, 57 bytes an element; x^2 may then wrap, but only where the result is 0)."""
+    below_floor = fx.is_negative(fx.add_const(x, -EXP_FLOOR)) if saturate else None
     t = fx.scale_pow2(x, -EXP_SQUARINGS)
-    half_square = fx.protocol.mul(fx.ctx, t, t, fx.f + 1)
+    half_square = fx.protocol.mul(fx.ctx, x, x, fx.f + 2 * EXP_SQUARINGS + 1)
     y = fx.add_const(t + half_square, 1.0)
     for _ in range(EXP_SQUARINGS):
         y = fx.mul(y, y)
-    return y - fx.times_int(below_floor, y)
+    return y if below_floor is None else y - fx.times_int(below_floor, y)
 
 
 def _goldschmidt(fx: Fxp, x: Shares, y: Shares, iterations: int) -> Shares:
@@ -75,7 +79,7 @@ def logistic(fx: Fxp, x: Shares) -> Shares:
     exp as above, 1/d by four Goldschmidt iterations from 2/3 ((1/3)^16 < 1e-7). 40 rounds;
     absolute error below 5e-4 (exp's error, damped by the saturation)."""
     negative, magnitude = _sign_split(fx, x)
-    denominator = fx.add_const(exp(fx, -magnitude), 1.0)
+    denominator = fx.add_const(exp(fx, -magnitude, saturate=True), 1.0)
     guess = fx.const(2.0 / 3.0, x.shape[1:])
     s = _goldschmidt(fx, denominator, guess, 4)
     return s + fx.times_int(negative, fx.add_const(-(s << 1), 1.0))

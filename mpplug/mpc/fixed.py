@@ -34,8 +34,11 @@ class Fxp:
     def mul(self, a: Shares, b: Shares) -> Shares:
         return self.protocol.mul(self.ctx, a, b, self.f)
 
-    def mul_const(self, a: Shares, value: Any) -> Shares:
-        """a * value for a public real `value` (one truncation round)."""
+    def mul_const(self, a: Shares, value: float) -> Shares:
+        """a * value for a public real `value`: local and exact for an integer, else one
+        truncation."""
+        if float(value).is_integer():
+            return a * ring.to_ring(np.int64(value))
         scale = ring.encode(value, self.f)
         return self.protocol.trunc(self.ctx, a * scale, self.f)
 

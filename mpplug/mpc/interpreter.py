@@ -286,10 +286,15 @@ MAX_EXTRA_BITS = 20
 def _times_public(self: Interpreter, shares: Shares, public: Any, shape: Sequence[int]) -> Shares:
     """Fixed-point shares times a public real, one truncation. A known constant below 1 is
     encoded with extra fraction bits (as many as it has leading zeros, up to 20), so that
-    x * 1e-4 or x / 1000 keep 18 significant bits instead of a handful."""
+    x * 1e-4 or x / 1000 keep 18 significant bits instead of a handful; a known integer
+    constant (x * 2, x * 1.0) is a local, exact product."""
     extra = 0
     if not isinstance(public, jax.core.Tracer):
-        largest = float(np.max(np.abs(np.asarray(public, np.float64)), initial=0.0))
+        known = np.asarray(public, np.float64)
+        if np.all(np.isfinite(known)) and np.all(known == np.round(known)):
+            integers = jnp.broadcast_to(ring.to_ring(known.astype(np.int64)), shape)
+            return shares * integers
+        largest = float(np.max(np.abs(known), initial=0.0))
         if 0.0 < largest < 1.0:
             extra = min(MAX_EXTRA_BITS, int(np.floor(-np.log2(largest))))
     bits = self.ctx.frac_bits + extra

@@ -106,15 +106,21 @@ def prf_many(
 
 
 prf_p = Primitive("mpc_prf")
-"""`prf(key, stream=s, shape=...)`: uint64 words pseudorandom under `key` (uint32[8])."""
+"""`prf(key, role, stream=s, shape=..., roles=...)`: uint64 words pseudorandom under `key`
+(uint32[8]); `roles` (None: every role) are the party roles that use them, and a party whose
+`role` is not among them may get anything (the round scheduler skips its ChaCha work)."""
 
 
 @prf_p.def_abstract_eval
-def _prf_abstract(key: Any, *, stream: int, shape: tuple[int, ...]) -> Any:
+def _prf_abstract(
+    key: Any, role: Any, *, stream: int, shape: tuple[int, ...], roles: tuple[int, ...] | None
+) -> Any:
     return jax.core.ShapedArray(shape, jnp.uint64)
 
 
-def _prf_impl(key: Any, *, stream: int, shape: tuple[int, ...]) -> Any:
+def _prf_impl(
+    key: Any, role: Any, *, stream: int, shape: tuple[int, ...], roles: tuple[int, ...] | None
+) -> Any:
     return prf_many([key], [stream], [shape])[0]
 
 
@@ -122,7 +128,23 @@ prf_p.def_impl(_prf_impl)
 mlir.register_lowering(prf_p, mlir.lower_fun(_prf_impl, multiple_results=False))
 
 
-def prf(key: jnp.ndarray, stream: int, shape: Sequence[int]) -> jnp.ndarray:
+def prf(
+    key: jnp.ndarray,
+    stream: int,
+    shape: Sequence[int],
+    *,
+    role: jnp.ndarray | None = None,
+    roles: Sequence[int] | None = None,
+) -> jnp.ndarray:
     """uint64 words of `shape`, pseudorandom under the secret `key` (uint32[8]); `stream` (a
-    static int below 2^64, never reused with one key) names the stream."""
-    return prf_p.bind(key, stream=int(stream), shape=tuple(int(d) for d in shape))
+    static int below 2^64, never reused with one key) names the stream. Inside a share
+    program, `roles` names the roles that use the words and `role` is this party's: the
+    others need not compute them."""
+    where = jnp.int32(0) if role is None else role
+    return prf_p.bind(
+        key,
+        where,
+        stream=int(stream),
+        shape=tuple(int(d) for d in shape),
+        roles=None if roles is None else tuple(sorted(set(roles))),
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
 
 from mpplug.frontend.jax_export import jax_export
@@ -235,7 +236,7 @@ def _segment(
     (values kept for later rounds, one packed vector per message sent)."""
     slot = {m: i for i, m in enumerate(messages)}
     randoms = [e for e in eqns if e.primitive is prf_p]
-    key_work = _dependencies(eqns, [e.invars[0] for e in randoms])
+    key_work = _dependencies(eqns, [v for e in randoms for v in e.invars])
     first = {id(e) for e in key_work}
     rest = [e for e in eqns if e.primitive is not prf_p and id(e) not in first]
 
@@ -249,11 +250,7 @@ def _segment(
         for eqn in key_work:
             _bind(eqn, env)
         if randoms:
-            words = prf_many(
-                [_read(env, e.invars[0]) for e in randoms],
-                [e.params["stream"] for e in randoms],
-                [e.params["shape"] for e in randoms],
-            )
+            words = _random_words(randoms, env)
             env.update((e.outvars[0], w) for e, w in zip(randoms, words, strict=True))
         for eqn in rest:
             _bind(eqn, env)
@@ -262,6 +259,36 @@ def _segment(
         return (*kept, *out)
 
     return segment
+
+
+def _random_words(randoms: list[JaxprEqn], env: dict[Any, Any]) -> list[Any]:
+    """Every PRF stream of a round in one batched ChaCha call. Where streams name the roles
+    that use them, each role runs a branch computing only its own (zeros for the others), so
+    a stream two roles share costs nothing at the third."""
+    keys = [_read(env, e.invars[0]) for e in randoms]
+    streams = [e.params["stream"] for e in randoms]
+    shapes = [e.params["shape"] for e in randoms]
+    users = [e.params["roles"] for e in randoms]
+    if all(u is None for u in users):
+        return prf_many(keys, streams, shapes)
+    count = 1 + max(max(u) for u in users if u is not None)
+
+    def branch(role: int) -> Any:
+        chosen = [i for i, u in enumerate(users) if u is None or role in u]
+
+        def words(keys: list[Any]) -> list[Any]:
+            out = [jnp.zeros(shape, jnp.uint64) for shape in shapes]
+            drawn = prf_many(
+                [keys[i] for i in chosen], [streams[i] for i in chosen], [shapes[i] for i in chosen]
+            )
+            for i, w in zip(chosen, drawn, strict=True):
+                out[i] = w
+            return out
+
+        return words
+
+    role = _read(env, next(e.invars[1] for e in randoms if e.params["roles"] is not None))
+    return lax.switch(role, [branch(r) for r in range(count)], keys)
 
 
 def _dependencies(eqns: list[JaxprEqn], targets: list[Any]) -> list[JaxprEqn]:
