@@ -9,15 +9,10 @@ randomness is fresh on every run. What the checks promise:
 - comparisons, selections, max/min/abs/sign, argmax and float -> int (toward zero, as JAX) are
   exact on grid-rounded values;
 - one fixed-point product or dot (one truncation) lies within one ulp (2^-18) of the exact
-  product of the rounded inputs: ABY3 truncation rounds stochastically, up or down;
+  product of the rounded inputs: precise truncation gives the floor or one above it
+  (tests/test_mpc_exactness.py checks that bound on millions of products up to the range);
 - approximations stay within `APPROX_BOUNDS`, measured on the input ranges their docstrings
   give and pinned with a 2-3x margin.
-
-ABY3 truncation fails (the result is off by about 2^28) with probability |v| / 2^64 for the
-ring value v being truncated, i.e. |x y| / 2^28 for a product x y in fixed point. Operands of
-products here stay within [-4, 4] (about 2^-26 per element on average, 1e-5 for a whole
-program); large magnitudes go to ring-linear ops, comparisons and integers; exp's inputs stay
-below 6 but for its documented top end 8.
 
 Each program costs seconds of XLA compilation per round, so many ops share one program, and
 each program belongs to one test: a program shared by several tests would be compiled again by
@@ -448,21 +443,23 @@ def _log_uniform(rng: np.random.Generator, low: float, high: float, n: int) -> n
 
 
 def _approx_inputs() -> dict[str, np.ndarray]:
-    """Each function's documented input range (approx.py), ends included. exp's top end 8 is
-    one input and the others stay below 6: a truncation there fails with probability about
-    e^x 2^-28 per element (1e-5 at 8, see the module docstring)."""
+    """Each function's documented input range (approx.py), ends included: exp down to -500
+    and up to 17.9, logistic and tanh far beyond where they saturate."""
     rng = np.random.default_rng(11)
-    n = 256
+    n = 2048
     sign = rng.choice([-1.0, 1.0], n)
+    exp_edges = [-500.0, -100.0, -16.0, -8.0, 0.0, 4.0, 8.0, 12.0, 17.0, 17.9]
     return {
-        "exp": np.concatenate([[-16.0, -8.0, 0.0, 4.0, 8.0], rng.uniform(-16, 6, n - 5)]),
+        "exp": np.concatenate([exp_edges, rng.uniform(-16, 8, n - len(exp_edges))]),
         "log": np.concatenate([[0.01, 1.0, 100.0], _log_uniform(rng, 0.01, 100, n - 3)]),
         "reciprocal": np.concatenate(
             [[0.1, -0.1, 150.0, -150.0], (sign * _log_uniform(rng, 0.1, 150, n))[4:]]
         ),
         "numerator": rng.uniform(-10, 10, n),
         "sqrt": np.concatenate([[0.1, 1.0, 100.0], _log_uniform(rng, 0.1, 100, n - 3)]),
-        "logistic": np.concatenate([[-16.0, 0.0, 16.0], rng.uniform(-16, 16, n - 3)]),
+        "logistic": np.concatenate(
+            [[-1e4, -600.0, -16.0, 0.0, 16.0, 600.0, 1e4], rng.uniform(-16, 16, n - 7)]
+        ),
     }
 
 
