@@ -446,7 +446,7 @@ def _approx_inputs() -> dict[str, np.ndarray]:
     """Each function's documented input range (approx.py), ends included: exp down to -500
     and up to 17.9, logistic and tanh far beyond where they saturate."""
     rng = np.random.default_rng(11)
-    n = 2048
+    n = 1024
     sign = rng.choice([-1.0, 1.0], n)
     exp_edges = [-500.0, -100.0, -16.0, -8.0, 0.0, 4.0, 8.0, 12.0, 17.0, 17.9]
     return {
@@ -483,7 +483,7 @@ def _approx_reference(s: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "div_secret": s["numerator"] / s["reciprocal"],
         "sqrt": np.sqrt(s["sqrt"]),
         "rsqrt": 1.0 / np.sqrt(s["sqrt"]),
-        "logistic": 1.0 / (1.0 + np.exp(-s["logistic"])),
+        "logistic": 0.5 * (1.0 + np.tanh(s["logistic"] / 2)),  # no overflow at +-1e4
         "tanh": np.tanh(s["logistic"]),
     }
 
