@@ -1,6 +1,8 @@
 """Shared fixtures: the `make_cluster` factory over every cluster kind, and the test plugin.
 
-The plugin folder goes on sys.path so its kernels are found through entry points.
+The plugin folder goes on sys.path so its kernels are found through entry points. Tests
+marked `slow` run first, so that pytest-xdist workers start the long ones while the short
+ones are left to fill in around them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ if str(PLUGIN_DIR) not in sys.path:  # the test plugin is found through its entr
     sys.path.insert(0, str(PLUGIN_DIR))
 
 DEFAULT_TIMEOUT = 20.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: order kept
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import pytest
 
 import mpplug as mp
 
@@ -33,6 +34,7 @@ def secure_showcase(alice: Any, bob: Any, features: Any, weights: Any) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_secure_millionaire_matmul_and_sigmoid(make_cluster):
     cluster = make_cluster(3, timeout=180.0)
     alice = np.array([3_000_000, 7_000_000, -5, 2**40], np.int64)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import mpplug as mp
 
@@ -79,6 +80,7 @@ def _trace_in_processes(*hash_seeds: str) -> list[dict[str, list[str]]]:
     return results
 
 
+@pytest.mark.slow
 def test_secure_programs_trace_to_the_same_bytes_in_every_process():
     first, second = _trace_in_processes("1", "2")
     assert first.keys() == second.keys()

@@ -169,8 +169,10 @@ def run_check_range(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntim
         first = int(np.flatnonzero(outside)[0])
         index = tuple(int(i) for i in np.unravel_index(first, values.shape))
         got = float(values.flat[first])
+        # a finite value is the owner's data: its size is said, not its value
+        shown = repr(got) if not np.isfinite(got) else f"|v| >= {limit:.6g}"
         raise FixedPointRangeError(
-            f"{label}: expected finite values with |v| < {limit:.6g}, got {got!r} "
+            f"{label}: expected finite values with |v| < {limit:.6g}, got {shown} "
             f"at index {index} ({int(outside.sum())} of {values.size} elements outside)"
         )
     return [args[0]]

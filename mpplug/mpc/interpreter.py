@@ -441,6 +441,9 @@ def _abs(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 def _sign(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x = self.arith(values[0], values[0].dtype)
     signs = self.protocol.msb(self.ctx, jnp.stack([-x, x], axis=1))  # (x > 0, x < 0)
+    if jnp.issubdtype(values[0].dtype, jnp.unsignedinteger):  # 0 or 1: x != 0, an OR
+        both = self.protocol.and_(self.ctx, signs[:, 0], signs[:, 1], bits=1)
+        return self.out(eqn, self.protocol.b2a(self.ctx, signs[:, 0] ^ signs[:, 1] ^ both))
     if _full_range(values[0].dtype):  # -2^63 is its own negation: not positive
         both = self.protocol.and_(self.ctx, signs[:, 0], signs[:, 1], bits=1)
         signs = jnp.stack([signs[:, 0] ^ both, signs[:, 1]], axis=1)

@@ -264,20 +264,23 @@ def _segment(
 def _random_words(randoms: list[JaxprEqn], env: dict[Any, Any]) -> list[Any]:
     """Every PRF stream of a round in one batched ChaCha call. Where streams name the roles
     that use them, each role runs a branch computing only its own (zeros for the others), so
-    a stream two roles share costs nothing at the third."""
+    a stream two roles share costs nothing at the third; a role above every named one runs
+    the last branch, which draws only the streams every role uses."""
     keys = [_read(env, e.invars[0]) for e in randoms]
     streams = [e.params["stream"] for e in randoms]
     shapes = [e.params["shape"] for e in randoms]
     users = [e.params["roles"] for e in randoms]
     if all(u is None for u in users):
         return prf_many(keys, streams, shapes)
-    count = 1 + max(max(u) for u in users if u is not None)
+    count = 2 + max(max(u) for u in users if u is not None)
 
     def branch(role: int) -> Any:
         chosen = [i for i, u in enumerate(users) if u is None or role in u]
 
         def words(keys: list[Any]) -> list[Any]:
             out = [jnp.zeros(shape, jnp.uint64) for shape in shapes]
+            if not chosen:
+                return out
             drawn = prf_many(
                 [keys[i] for i in chosen], [streams[i] for i in chosen], [shapes[i] for i in chosen]
             )
