@@ -10,6 +10,7 @@ once and appends CALL and SHUFFLE ops to the program being traced.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,11 @@ from mpplug.frontend.jax_export import jax_export
 from mpplug.frontend.primitives import run_pfunc, shuffle_static
 from mpplug.frontend.tracer import TracedValue
 from mpplug.mpc.prf import prf_many, prf_p
+
+PER_ROLE_WORDS = 1 << 20
+"""PRF words in a round (8 MiB of keystream, about 12 ms of ChaCha12 on one core) from which
+each role draws only the streams it uses: the per-role branches of the round's PFunction
+compile for seconds, and pay back only on large values."""
 
 exchange_p = Primitive("mpc_exchange")
 """`exchange(x, sources=(s0, s1, s2), tag=...)`: role d receives the value role s_d holds
@@ -263,14 +269,17 @@ def _segment(
 
 def _random_words(randoms: list[JaxprEqn], env: dict[Any, Any]) -> list[Any]:
     """Every PRF stream of a round in one batched ChaCha call. Where streams name the roles
-    that use them, each role runs a branch computing only its own (zeros for the others), so
-    a stream two roles share costs nothing at the third; a role above every named one runs
-    the last branch, which draws only the streams every role uses."""
+    that use them and there are at least PER_ROLE_WORDS words, each role runs a branch
+    computing only its own (zeros for the others), so a stream two roles share costs nothing
+    at the third; a role above every named one runs the last branch, which draws only the
+    streams every role uses. Below that size the branches cost more to compile than they
+    save."""
     keys = [_read(env, e.invars[0]) for e in randoms]
     streams = [e.params["stream"] for e in randoms]
     shapes = [e.params["shape"] for e in randoms]
     users = [e.params["roles"] for e in randoms]
-    if all(u is None for u in users):
+    words = sum(math.prod(shape) for shape in shapes)
+    if all(u is None for u in users) or words < PER_ROLE_WORDS:
         return prf_many(keys, streams, shapes)
     count = 2 + max(max(u) for u in users if u is not None)
 
