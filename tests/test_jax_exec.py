@@ -59,7 +59,9 @@ def refusal(pfunc: PFunction, *args: Any) -> str:
 
 
 def count_deserializations(monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> list[int]:
-    """Count (and optionally slow down) the kernel's calls to `jax.export.deserialize`."""
+    """Count (and optionally slow down) the kernel's calls to `jax.export.deserialize`, with
+    the persistent compile cache off (a hit there deserializes nothing)."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", "")
     calls: list[int] = []
     real = jax_export_api.deserialize
 

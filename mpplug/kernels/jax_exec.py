@@ -1,24 +1,32 @@
 """The `jax.exec` kernel: runs a PFunction whose body is a serialized `jax.export` artifact.
 
-Each runtime deserializes and jit-compiles a body once per digest (a bounded cache).
+Each runtime compiles a body once per digest (a bounded cache), and the process keeps the
+executable in the persistent compile cache (`compile_cache`) for the next process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import logging
+import os
+import platform as platform_module
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.extend
+import numpy as np
 from jax import export as jax_export
 from jax.sharding import SingleDeviceSharding
 
 from mpplug.core import PFunction, TensorType
 from mpplug.errors import InvalidPFunctionError
-from mpplug.kernels.devices import default_export_platform, export_platform
+from mpplug.kernels.compile_cache import cache_key, disk_cache
+from mpplug.kernels.devices import export_platform
 from mpplug.kernels.module_check import ModuleChecker, ModuleRefused
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, DirectCall, KernelRuntime, LRUCache
 
@@ -33,6 +41,8 @@ ATTR_X64 = "jax.x64"
 
 # Private JAX modules, for a cheap structural check of the flatbuffer before JAX walks it;
 # without them (a future JAX) the check is skipped and deserialization errors still apply.
+log = logging.getLogger("mpplug")
+
 _flatbuf: Any
 _readable_version: int | None
 try:
@@ -42,16 +52,24 @@ except ImportError:  # pragma: no cover - layout of a future JAX
     _flatbuf, _readable_version = None, None
 
 
+CACHE_FORMAT = "1"
+"""Bumped when what the persistent cache stores for an artifact changes."""
+
+
 @dataclass(frozen=True)
 class CompiledExport:
-    """A deserialized artifact ready to call on one runtime's device.
+    """An artifact compiled for one runtime's device (or loaded compiled from the persistent
+    cache), ready to call.
 
-    `call(*args)` returns the flat tuple of outputs: the jitted function flattens them when it
-    is traced, and enables x64 around the call when the artifact needs it.
+    `call(*args)` returns the flat tuple of outputs, with x64 enabled around the call when the
+    artifact needs it; `from_disk` says the executable came from the persistent cache.
     """
 
     call: Callable[..., tuple[Any, ...]]
-    exported: jax_export.Exported
+    size: int
+    """Bytes of the serialized executable (1 where the backend cannot serialize): what the
+    executable caches weigh it by, as its code and the memory maps it takes grow with it."""
+    from_disk: bool = False
 
 
 def supported_calling_conventions() -> range:
@@ -117,7 +135,9 @@ def _check_types(pfunc: PFunction, exported: jax_export.Exported) -> None:
 
 
 def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
-    """Validate and deserialize a `jax.exec` PFunction for this runtime's platform."""
+    """Validate, deserialize and compile a `jax.exec` PFunction for this runtime's device,
+    or load it compiled from the persistent cache (where it was stored after the same checks
+    passed for the same digest, platform and trust level)."""
     if pfunc.fn_type != FN_TYPE:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: expected fn_type {FN_TYPE!r}, got {pfunc.fn_type!r}"
@@ -127,6 +147,19 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     declared = pfunc.attrs.get(ATTR_CALLING_CONVENTION)
     if isinstance(declared, int):
         _check_version(pfunc, declared, "declares")
+    device = runtime.resolved_device()
+    target = device if device is not None else jax.devices()[0]
+    x64 = bool(pfunc.attrs.get(ATTR_X64, False)) or any(
+        t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
+    )
+    disk = disk_cache()
+    key = _disk_key(pfunc, target, runtime.untrusted_artifacts)
+    if disk is not None:
+        payload = disk.get(key)
+        if payload is not None:
+            cached = _from_disk(pfunc, payload, target)
+            if cached is not None:
+                return cached
     body = bytearray(pfunc.fn_body)
     _precheck_flatbuffer(pfunc, body)
     try:
@@ -137,8 +170,7 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
             f"jax.export artifact ({type(exc).__name__}: {exc})"
         ) from None
     _check_version(pfunc, exported.calling_convention_version, "has")
-    device = runtime.resolved_device()
-    platform = export_platform(device) if device is not None else default_export_platform()
+    platform = export_platform(target)
     if platform not in exported.platforms:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: exported for platforms {list(exported.platforms)}, but this "
@@ -147,12 +179,110 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     _check_types(pfunc, exported)
     if runtime.untrusted_artifacts:
         exported = _checked_module(pfunc, exported)
-    x64 = bool(pfunc.attrs.get(ATTR_X64, False)) or any(
-        t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
+    compiled = _compile(pfunc, _jit(exported, device, len(pfunc.ins_info)), exported, x64)
+    size = 1
+    try:
+        payload = target.client.serialize_executable(compiled.runtime_executable())
+    except Exception as exc:  # a backend that cannot serialize: nothing to keep
+        log.debug("%s: executable not cached (%s)", _where(pfunc), exc)
+    else:
+        size = len(payload)
+        if disk is not None:
+            disk.put(key, payload)
+    call = _placing(compiled, device)
+    return CompiledExport(_with_x64(call) if x64 else call, size)
+
+
+def _disk_key(pfunc: PFunction, device: Any, untrusted: bool) -> bytes:
+    """What a compiled executable depends on: the artifact, the device (platform, kind, id),
+    the host's CPU features (CPU code is built for them), jaxlib and the trust level."""
+    return cache_key(
+        CACHE_FORMAT,
+        pfunc.digest,
+        export_platform(device),
+        str(getattr(device, "device_kind", "")),
+        str(getattr(device, "id", "")),  # an executable is built for one device
+        str(getattr(device.client, "platform_version", "")),
+        _host_features() if device.platform == "cpu" else "",
+        jax.__version__,
+        jaxlib_version(),
+        "untrusted" if untrusted else "trusted",
     )
-    jitted = _jit(exported, device, len(pfunc.ins_info))
-    _lower_now(pfunc, jitted, exported, x64)
-    return CompiledExport(_with_x64(jitted) if x64 else jitted, exported)
+
+
+def jaxlib_version() -> str:
+    import jaxlib
+
+    return str(jaxlib.__version__)
+
+
+@functools.cache
+def _host_features() -> str:
+    """The CPU's model and feature flags (Linux), so a cache folder shared between hosts never
+    hands one host code built for another's instruction set."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform_module.machine() + platform_module.processor()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "model name", "Features"))]
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _from_disk(pfunc: PFunction, payload: bytes, device: Any) -> CompiledExport | None:
+    """A cached executable loaded onto `device`, or None if the backend refuses it."""
+    from jax._src.lib import xla_client
+
+    try:
+        executable = device.client.deserialize_executable(
+            payload, executable_devices=xla_client.DeviceList((device,))
+        )
+    except Exception as exc:
+        log.warning("%s: cached executable not loaded (%s); compiling", _where(pfunc), exc)
+        return None
+    return CompiledExport(_executable_call(executable, device, pfunc), len(payload), from_disk=True)
+
+
+def _executable_call(executable: Any, device: Any, pfunc: PFunction) -> Callable[..., Any]:
+    """Calls a loaded executable as the jitted function would: arguments checked against
+    `ins_info` (TypeError), moved to `device`, outputs returned as a flat tuple."""
+    expected = [(tuple(t.shape), np.dtype(t.dtype.numpy)) for t in pfunc.ins_info]
+    where = _where(pfunc)
+
+    def call(*args: Any) -> tuple[Any, ...]:
+        if len(args) != len(expected):
+            raise TypeError(f"{where}: expected {len(expected)} arguments, got {len(args)}")
+        arrays = []
+        for i, (arg, (shape, dtype)) in enumerate(zip(args, expected, strict=True)):
+            if tuple(arg.shape) != shape or arg.dtype != dtype:
+                raise TypeError(
+                    f"{where}: argument {i}: expected {dtype}{list(shape)}, "
+                    f"got {arg.dtype}{list(arg.shape)}"
+                )
+            if not isinstance(arg, jax.Array) or arg.devices() != {device}:
+                with jax.enable_x64(True):
+                    arg = jax.device_put(arg, device)
+            arrays.append(arg)
+        results = executable.execute_sharded(arrays)
+        return tuple(out[0] for out in results.disassemble_into_single_device_arrays())
+
+    return call
+
+
+def _placing(call: Callable[..., Any], device: Any) -> Callable[..., Any]:
+    """`call`, retried once with its JAX arguments moved to `device` when some are on
+    another (a compiled function takes only arguments placed as it was compiled for)."""
+    if device is None:
+        return call
+
+    def placed(*args: Any) -> Any:
+        try:
+            return call(*args)
+        except ValueError:
+            if all(not isinstance(a, jax.Array) or a.devices() == {device} for a in args):
+                raise
+        return call(*(jax.device_put(a, device) if isinstance(a, jax.Array) else a for a in args))
+
+    return placed
 
 
 _CHECKER = ModuleChecker()
@@ -198,13 +328,15 @@ def _with_x64(call: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, 
     return call_x64
 
 
-def _lower_now(pfunc: PFunction, jitted: Any, exported: jax_export.Exported, x64: bool) -> None:
-    """Lower once at load: the StableHLO module inside the artifact is only decoded then, so a
-    corrupt module fails here as an InvalidPFunctionError rather than at every call."""
+def _compile(
+    pfunc: PFunction, jitted: Any, exported: jax_export.Exported, x64: bool
+) -> jax.stages.Compiled:
+    """Lower and compile at load: the StableHLO module inside the artifact is only decoded
+    then, so a corrupt module fails here as an InvalidPFunctionError, not at every call."""
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
     try:
         with jax.enable_x64(True) if x64 else contextlib.nullcontext():
-            jitted.lower(*specs)
+            return jitted.lower(*specs).compile()
     except Exception as exc:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: fn_body ({len(pfunc.fn_body)} bytes) holds a module that does "
@@ -217,7 +349,29 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else "no detail"
 
 
-_PROCESS_CACHE: LRUCache[tuple[str, Any, bool], CompiledExport] = LRUCache(DEFAULT_CACHE_SIZE)
+ENV_EXECUTABLES_MB = "MPPLUG_EXECUTABLES_MB"
+DEFAULT_EXECUTABLES_MB = 64
+"""Compiled executables a process keeps in memory, in MiB of serialized code (about 20,000
+memory maps on CPU; the kernel's default limit is 65,530)."""
+
+
+def executables_budget() -> int:
+    """Bytes of executables each cache keeps: `MPPLUG_EXECUTABLES_MB` (default 64 MiB)."""
+    value = os.environ.get(ENV_EXECUTABLES_MB, "").strip()
+    try:
+        mb = float(value) if value else DEFAULT_EXECUTABLES_MB
+    except ValueError:
+        mb = DEFAULT_EXECUTABLES_MB
+    return max(1, int(mb * 2**20))
+
+
+def _weight(compiled: CompiledExport) -> int:
+    return compiled.size
+
+
+_PROCESS_CACHE: LRUCache[tuple[str, Any, bool], CompiledExport] = LRUCache(
+    DEFAULT_CACHE_SIZE, weigh=_weight, max_weight=executables_budget()
+)
 
 
 def _shared_load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
@@ -227,10 +381,13 @@ def _shared_load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     return _PROCESS_CACHE.get_or_create(key, lambda: load(pfunc, runtime))
 
 
-def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> tuple[Any, ...]:
-    """The kernel: outputs stay on the runtime's device as JAX arrays. It offers `invoke` the
-    jitted function as the PFunction's direct call on this runtime."""
-    cache = runtime.cache(CACHE_NAMESPACE)
+def prepare_jax_exec(pfunc: PFunction, runtime: KernelRuntime) -> None:
+    """Compile (or load) `pfunc` for `runtime` ahead of its first call."""
+    _compiled(pfunc, runtime)
+
+
+def _compiled(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
+    cache = runtime.cache(CACHE_NAMESPACE, _weight, executables_budget())
     compiled: CompiledExport = cache.get_or_create(
         pfunc.digest, lambda: _shared_load(pfunc, runtime)
     )
@@ -240,4 +397,13 @@ def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) 
         )
         if pfunc.digest not in cache:  # evicted by another thread just before: none stale
             runtime.direct_calls.pop(pfunc.digest, None)
-    return compiled.call(*args)
+    return compiled
+
+
+def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> tuple[Any, ...]:
+    """The kernel: outputs stay on the runtime's device as JAX arrays. It offers `invoke` the
+    compiled function as the PFunction's direct call on this runtime."""
+    return _compiled(pfunc, runtime).call(*args)
+
+
+run_jax_exec.prepare = prepare_jax_exec  # type: ignore[attr-defined]

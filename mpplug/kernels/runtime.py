@@ -22,14 +22,24 @@ DEFAULT_CACHE_SIZE = 256
 
 class LRUCache(Generic[K, V]):
     """A thread-safe, size-bounded least-recently-used cache; `on_evict(key)` runs for each key
-    it drops to stay within `maxsize`."""
+    it drops to stay within `maxsize` entries and, with `weigh`, within `max_weight` in all
+    (the newest entry stays even when it alone weighs more)."""
 
     def __init__(
-        self, maxsize: int = DEFAULT_CACHE_SIZE, on_evict: Callable[[K], object] | None = None
+        self,
+        maxsize: int = DEFAULT_CACHE_SIZE,
+        on_evict: Callable[[K], object] | None = None,
+        weigh: Callable[[V], int] | None = None,
+        max_weight: int = 0,
     ) -> None:
         if maxsize < 1:
             raise ValueError(f"expected maxsize >= 1, got {maxsize}")
         self.maxsize = maxsize
+        self.max_weight = max_weight
+        self._weigh = weigh
+        self._weights: dict[K, int] = {}
+        self.weight = 0
+        """The entries' total weight (0 without `weigh`)."""
         self._data: OrderedDict[K, V] = OrderedDict()
         self._pending: dict[K, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -59,11 +69,19 @@ class LRUCache(Generic[K, V]):
                     return self._data[key]
             try:
                 value = create()
+                weight = self._weigh(value) if self._weigh is not None else 0
                 with self._lock:
                     self._data[key] = value
                     self._data.move_to_end(key)
-                    while len(self._data) > self.maxsize:
+                    self.weight += weight - self._weights.get(key, 0)
+                    self._weights[key] = weight
+                    while len(self._data) > self.maxsize or (
+                        self._weigh is not None
+                        and self.weight > self.max_weight
+                        and len(self._data) > 1
+                    ):
                         evicted, _ = self._data.popitem(last=False)
+                        self.weight -= self._weights.pop(evicted, 0)
                         if self._on_evict is not None:
                             self._on_evict(evicted)
             finally:
@@ -141,14 +159,19 @@ class KernelRuntime:
         self._device: Any = None
         self._lock = threading.Lock()
 
-    def cache(self, namespace: str) -> LRUCache[Any, Any]:
-        """The bounded cache a kernel keeps under `namespace` (one per kernel type)."""
+    def cache(
+        self, namespace: str, weigh: Callable[[Any], int] | None = None, max_weight: int = 0
+    ) -> LRUCache[Any, Any]:
+        """The bounded cache a kernel keeps under `namespace` (one per kernel type); the first
+        call may bound it by weight too (see `LRUCache`)."""
         found = self._caches.get(namespace)
         if found is None:
             with self._lock:
-                found = self._caches.setdefault(
-                    namespace, LRUCache(self._cache_size, self._forget_direct_call)
-                )
+                found = self._caches.get(namespace)
+                if found is None:
+                    found = self._caches[namespace] = LRUCache(
+                        self._cache_size, self._forget_direct_call, weigh, max_weight
+                    )
         return found
 
     def _forget_direct_call(self, key: Any) -> None:

@@ -139,6 +139,17 @@ class Interpreter:
         self.steps = self.plan.steps
         self.input_ops = [op for op in graph.input_ops if rank in op.parties]
 
+    def functions(self) -> list[PFunction]:
+        """The PFunctions this party calls, regions' included, outer blocks first."""
+        found: list[PFunction] = []
+        pending = [self.plan]
+        while pending:
+            for step in pending.pop(0).steps:
+                if step.fn is not None:
+                    found.append(step.fn)
+                pending.extend(step.regions)
+        return found
+
     def _plan_block(self, block: Block) -> _Plan:
         params = tuple(
             (op.input_index, ValueRef(op.id)) for op in block.input_ops if self.rank in op.parties

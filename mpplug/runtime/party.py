@@ -1,17 +1,20 @@
 """`Party`: one party's engine, shared by the simulator and the gRPC party server.
 
-It caches programs by digest (parsed graph and plan) and runs them against its runtime.
+It caches programs by digest (parsed graph and plan, its functions compiled at load) and runs
+them against its runtime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mpplug.core.graph import Graph
 from mpplug.errors import InvalidProgramError
 from mpplug.kernels import KernelRuntime
 from mpplug.kernels.datasets import Datasets
+from mpplug.kernels.prepare import Preparation
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
 from mpplug.runtime.interpreter import Interpreter
@@ -45,13 +48,14 @@ class Party:
         self.runtime = KernelRuntime(
             rank, world_size, device, datasets=datasets, untrusted_artifacts=untrusted_artifacts
         )
-        self._programs: LRUCache[str, Interpreter] = LRUCache(program_cache_size)
+        self._programs: LRUCache[str, _Loaded] = LRUCache(program_cache_size)
 
     def has_program(self, digest: str) -> bool:
         return digest in self._programs
 
     def load_program(self, data: bytes, expected_digest: str | None = None) -> str:
-        """Parse and plan program bytes (once per digest); return the digest.
+        """Parse and plan program bytes (once per digest), and compile the functions this
+        party runs, all at once before the first run starts; return the digest.
 
         With `expected_digest`, bytes whose canonical form has another digest are refused
         before anything is cached.
@@ -67,10 +71,17 @@ class Party:
                 f"program {graph.name!r} is for {graph.world_size} parties, "
                 f"this cluster has {self.world_size}"
             )
-        self._programs.get_or_create(graph.digest, lambda: Interpreter(graph, self.rank))
+        self._programs.get_or_create(graph.digest, lambda: self._load(graph))
         return graph.digest
 
+    def _load(self, graph: Graph) -> _Loaded:
+        interpreter = Interpreter(graph, self.rank)
+        return _Loaded(interpreter, Preparation(interpreter.functions(), self.runtime))
+
     def interpreter(self, digest: str) -> Interpreter:
+        return self._loaded(digest).interpreter
+
+    def _loaded(self, digest: str) -> _Loaded:
         found = self._programs.get(digest)
         if found is None:
             raise UnknownProgramError(f"party {self.rank} holds no program with digest {digest}")
@@ -84,8 +95,26 @@ class Party:
         timeout: float,
         recorder: Recorder | None = None,
     ) -> list[Any]:
-        """Run program `digest`; returns per-output values (None where not held here). With
-        a `recorder`, each step is recorded in it."""
-        return self.interpreter(digest).run(
+        """Run program `digest` once its functions are compiled (the receive timeouts start
+        then); returns per-output values (None where not held here). With a `recorder`,
+        each step is recorded in it."""
+        loaded = self._loaded(digest)
+        if not loaded.preparation.done():
+            graph = loaded.interpreter.graph
+            label = f"party {self.rank}: program {graph.name!r} ({digest[:12]})"
+            if recorder is None:
+                loaded.preparation.wait(label)
+            else:
+                with recorder.span("compile functions", "compile"):
+                    loaded.preparation.wait(label)
+        return loaded.interpreter.run(
             inputs, self.communicator, exec_id, self.runtime, timeout, recorder
         )
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A program ready to run here, and the compiles of its functions (started at load)."""
+
+    interpreter: Interpreter
+    preparation: Preparation

@@ -1,0 +1,85 @@
+"""Compiling a program's functions before its first run: all of them at once, on a pool of
+threads (XLA compiles outside the GIL), with progress logged to the `mpplug` logger.
+
+A kernel offers this by having a `prepare(pfunc, runtime)` attribute that fills its caches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from mpplug.core import PFunction
+from mpplug.kernels.registry import REGISTRY
+from mpplug.kernels.runtime import KernelRuntime
+
+log = logging.getLogger("mpplug")
+
+PROGRESS_EVERY_S = 1.0
+"""At most one progress line a second per program, and none for what takes less."""
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_last_line: dict[str, float] = {}
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="mpplug-compile")
+        return _pool
+
+
+class Preparation:
+    """The compiles of one program's functions at one party, started together."""
+
+    def __init__(self, pfuncs: Sequence[PFunction], runtime: KernelRuntime) -> None:
+        self.futures: list[Future[None]] = []
+        for pfunc in dict.fromkeys(pfuncs):
+            try:
+                kernel = REGISTRY.lookup(pfunc.fn_type)
+            except Exception:  # an unknown fn_type: the run reports it, naming the op
+                continue
+            step = getattr(kernel, "prepare", None)
+            if step is not None:
+                self.futures.append(_executor().submit(_quietly, step, pfunc, runtime))
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def wait(self, label: str) -> None:
+        """Return once every compile has ended, logging how far they are at most once a
+        second (across the threads waiting on programs named `label`)."""
+        start = time.monotonic()
+        pending = {f for f in self.futures if not f.done()}
+        total = len(self.futures)
+        while pending:
+            _, pending = wait(pending, timeout=PROGRESS_EVERY_S)
+            if pending:
+                _progress(label, f"compiled {total - len(pending)} of {total} functions", start)
+        if time.monotonic() - start >= PROGRESS_EVERY_S:
+            _progress(label, f"compiled {total} functions", start, final=True)
+
+
+def _progress(label: str, what: str, start: float, final: bool = False) -> None:
+    now = time.monotonic()
+    with _pool_lock:
+        if not final and now - _last_line.get(label, 0.0) < PROGRESS_EVERY_S:
+            return
+        _last_line[label] = now
+        if final:
+            _last_line.pop(label, None)
+    log.info("%s: %s (%.1f s)", label, what, now - start)
+
+
+def _quietly(step: object, pfunc: PFunction, runtime: KernelRuntime) -> None:
+    """Failures are left for the run to raise, where they name the op."""
+    try:
+        step(pfunc, runtime)  # type: ignore[operator]
+    except Exception as exc:
+        log.debug("compiling %s ahead failed (the run reports it): %s", pfunc.fn_name, exc)

@@ -1,0 +1,260 @@
+"""The persistent compile cache: a second process reuses what the first compiled and traced,
+and a damaged, foreign or outdated entry is never loaded, only rebuilt; the folder stays
+within its bound even when processes fill it at once. Also the in-memory executable caches'
+weight bound and the progress lines a long compile logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mpplug as mp
+from mpplug.kernels import KernelRuntime, invoke, jax_exec
+from mpplug.kernels import prepare as prepare_module
+from mpplug.kernels.compile_cache import SUFFIX, DiskCache, cache_key, disk_cache
+from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
+
+REPO = Path(__file__).resolve().parent.parent
+X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+
+
+def f(x, y):
+    return jnp.tanh(x @ y) + 1
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache folder named by MPPLUG_CACHE_DIR, and fresh in-memory caches."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(path))
+    monkeypatch.setattr(
+        jax_exec,
+        "_PROCESS_CACHE",
+        LRUCache(DEFAULT_CACHE_SIZE, weigh=jax_exec._weight, max_weight=1 << 30),
+    )
+    return path
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"*{SUFFIX}"))
+
+
+def fresh_call(pfunc: mp.PFunction) -> Any:
+    """Run `pfunc` on a fresh runtime with a fresh process cache (as a new process would)."""
+    jax_exec._PROCESS_CACHE = LRUCache(
+        DEFAULT_CACHE_SIZE, weigh=jax_exec._weight, max_weight=1 << 30
+    )
+    return invoke(pfunc, X, X, runtime=KernelRuntime())
+
+
+# ---------------------------------------------------------------- across processes
+
+SECURE_PROGRAM = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import mpplug as mp
+    from mpplug.kernels.compile_cache import disk_cache
+
+    @mp.function
+    def prog(x):
+        return mp.mpc.reveal(mp.mpc.run(lambda a: a * a + 1.0, mp.mpc.seal(x)), to=0)
+
+    with mp.Simulator(3) as sim:
+        got = sim.fetch(sim.evaluate(prog, sim.put(0, np.arange(4.0))), party=0)
+    stats = disk_cache().stats
+    print(json.dumps({"got": got.tolist(), "hits": stats.hits, "writes": stats.writes,
+                      "misses": stats.misses, "refused": stats.refused}))
+    """
+)
+
+
+def run_secure_program(folder: Path) -> dict[str, Any]:
+    env = {**os.environ, "MPPLUG_CACHE_DIR": str(folder), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", SECURE_PROGRAM],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+def test_a_second_process_reuses_the_first_ones_executables_and_traces(tmp_path: Path):
+    folder = tmp_path / "cache"
+    first = run_secure_program(folder)
+    second = run_secure_program(folder)
+    np.testing.assert_allclose(first["got"], np.arange(4.0) ** 2 + 1, atol=1e-3)
+    assert second["got"] == first["got"]
+    assert first["hits"] == 0 and first["writes"] > 0
+    # everything the first wrote is found: each executable, and the traced share program
+    assert second["writes"] == 0 and second["misses"] == 0
+    assert second["hits"] == first["writes"] == len(entries(folder))
+
+
+# ---------------------------------------------------------------- entries never loaded
+
+
+def test_a_truncated_entry_is_ignored_and_rebuilt(folder: Path):
+    pfunc = mp.jax_export(f, X, X)[0]
+    expected = np.tanh(X @ X) + 1
+    np.testing.assert_allclose(fresh_call(pfunc)[0], expected, rtol=1e-6)
+    (entry,) = entries(folder)
+    whole = entry.read_bytes()
+    entry.write_bytes(whole[: len(whole) // 2])
+    np.testing.assert_allclose(fresh_call(pfunc)[0], expected, rtol=1e-6)
+    stats = disk_cache().stats
+    assert stats.refused == 1 and stats.writes == 2
+    assert len(entry.read_bytes()) > len(whole) // 2  # rebuilt in place, whole
+    fresh_call(pfunc)
+    assert disk_cache().stats.hits == 1
+
+
+def test_a_corrupted_entry_is_ignored_and_rebuilt(folder: Path):
+    pfunc = mp.jax_export(f, X, X)[0]
+    fresh_call(pfunc)
+    (entry,) = entries(folder)
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the executable
+    entry.write_bytes(bytes(data))
+    np.testing.assert_allclose(fresh_call(pfunc)[0], np.tanh(X @ X) + 1, rtol=1e-6)
+    assert disk_cache().stats.refused == 1
+
+
+def test_a_foreign_entry_under_another_key_is_never_loaded(folder: Path):
+    g = mp.jax_export(lambda x, y: x - y, X, X)[0]
+    pfunc = mp.jax_export(f, X, X)[0]
+    fresh_call(g)
+    (theirs,) = entries(folder)
+    fresh_call(pfunc)
+    (mine,) = [e for e in entries(folder) if e != theirs]
+    mine.write_bytes(theirs.read_bytes())  # g's executable filed under f's key
+    np.testing.assert_allclose(fresh_call(pfunc)[0], np.tanh(X @ X) + 1, rtol=1e-6)
+    assert disk_cache().stats.refused == 1
+
+
+def test_another_jaxlib_version_misses(folder: Path, monkeypatch: pytest.MonkeyPatch):
+    pfunc = mp.jax_export(f, X, X)[0]
+    fresh_call(pfunc)
+    monkeypatch.setattr(jax_exec, "jaxlib_version", lambda: "0.0.1-another")
+    fresh_call(pfunc)
+    stats = disk_cache().stats
+    assert stats.hits == 0 and stats.misses == 2 and len(entries(folder)) == 2
+
+
+def test_an_empty_cache_dir_turns_the_cache_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", "")
+    assert disk_cache() is None
+    np.testing.assert_allclose(
+        fresh_call(mp.jax_export(f, X, X)[0])[0], np.tanh(X @ X) + 1, rtol=1e-6
+    )
+
+
+# ---------------------------------------------------------------- the folder's bound
+
+
+def test_the_folder_keeps_the_most_recent_entries_within_its_bound(tmp_path: Path):
+    cache = DiskCache(tmp_path, max_bytes=3000)
+    keys = [cache_key("entry", str(i)) for i in range(10)]
+    for key in keys:
+        cache.put(key, bytes(1000))
+        time.sleep(0.01)  # distinct modification times
+        assert cache.size() <= 3000
+    assert cache.get(keys[-1]) == bytes(1000)
+    assert cache.get(keys[0]) is None
+    assert cache.stats.evicted == 8  # each entry is 1000 bytes and a header
+
+
+def test_reading_an_entry_keeps_it_from_eviction(tmp_path: Path):
+    cache = DiskCache(tmp_path, max_bytes=2200)
+    old, newer, newest = (cache_key(str(i)) for i in range(3))
+    cache.put(old, bytes(1000))
+    time.sleep(0.01)
+    cache.put(newer, bytes(1000))
+    time.sleep(0.01)
+    assert cache.get(old) is not None  # used: now the most recent
+    time.sleep(0.01)
+    cache.put(newest, bytes(1000))
+    assert cache.get(old) is not None and cache.get(newer) is None
+
+
+FILLER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from mpplug.kernels.compile_cache import DiskCache, cache_key
+    cache = DiskCache(Path(sys.argv[1]), max_bytes=1 << 30)
+    for i in range(300):
+        key = cache_key("shared", str(i % 40))
+        cache.put(key, (str(i % 40) * 5000).encode())
+        cache.get(key)
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_processes_filling_one_folder_at_once_leave_every_entry_whole(tmp_path: Path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    fillers = [
+        subprocess.Popen([sys.executable, "-c", FILLER, str(tmp_path)], env=env) for _ in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in fillers] == [0, 0]
+    cache = DiskCache(tmp_path, max_bytes=1 << 30)
+    for i in range(40):
+        assert cache.get(cache_key("shared", str(i))) == (str(i) * 5000).encode()
+    assert cache.stats.refused == 0
+    assert not list(tmp_path.glob(".tmp-*"))  # no half-written file left behind
+
+
+# ---------------------------------------------------------------- in memory
+
+
+def test_executable_caches_evict_by_weight():
+    evicted: list[str] = []
+    cache: LRUCache[str, int] = LRUCache(100, evicted.append, weigh=lambda v: v, max_weight=10)
+    for key, weight in (("a", 4), ("b", 4), ("c", 4)):
+        cache.get_or_create(key, lambda weight=weight: weight)
+    assert evicted == ["a"] and cache.weight == 8
+    cache.get_or_create("huge", lambda: 50)  # the newest stays even alone over the bound
+    assert "huge" in cache and len(cache) == 1 and cache.weight == 50
+
+
+def test_a_long_compile_logs_its_progress(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", "")
+    monkeypatch.setattr(prepare_module, "PROGRESS_EVERY_S", 0.05)
+    real = jax_exec.prepare_jax_exec
+
+    def slow(pfunc: mp.PFunction, runtime: KernelRuntime) -> None:
+        time.sleep(0.3)
+        real(pfunc, runtime)
+
+    monkeypatch.setattr(jax_exec.run_jax_exec, "prepare", slow)
+
+    @mp.function
+    def prog(x):
+        y = mp.run_jax_at(0, lambda v: v * 3.0 + 0.25, x)
+        return mp.run_jax_at(0, lambda v: jnp.sin(v) - 7.0, y)
+
+    with caplog.at_level(logging.INFO, logger="mpplug"), mp.Simulator(1) as sim:
+        got = sim.fetch(sim.evaluate(prog, sim.put(0, X)), party=0)
+    np.testing.assert_allclose(got, np.sin(X * 3.0 + 0.25) - 7.0, rtol=1e-6)
+    lines = [r.getMessage() for r in caplog.records if r.name == "mpplug"]
+    assert any("of 2 functions" in line for line in lines), lines
+    assert any(line.endswith(")") and "compiled 2 functions (" in line for line in lines), lines
