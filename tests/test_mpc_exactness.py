@@ -25,7 +25,6 @@ from jax import lax
 
 import mpplug as mp
 from mpplug.errors import PartyError, TraceError
-from mpplug.mpc.rounds import PER_ROLE_WORDS
 
 F = mp.mpc.DEFAULT_FRAC_BITS
 TIMEOUT = 300.0
@@ -240,7 +239,7 @@ def test_seal_accepts_reals_just_inside_the_range():
 
 def test_probabilistic_truncation_alone_by_public_constants():
     """A program whose only randomness is the probabilistic truncation's mask (used by two
-    roles of three), large enough for per-role PRF draws: the third role draws nothing."""
+    roles of three): the third role draws nothing, and the two that do agree."""
 
     @mp.function
     def program(v: Any) -> Any:
@@ -248,7 +247,7 @@ def test_probabilistic_truncation_alone_by_public_constants():
         return mp.mpc.reveal(mp.mpc.run(lambda x: (x * 0.5, x / 3.0, jnp.mean(x)), sealed), to=0)
 
     # small values: a probabilistic truncation of a million of them fails with p ~ 1e-4
-    x = np.random.default_rng(24).uniform(-0.01, 0.01, PER_ROLE_WORDS)
+    x = np.random.default_rng(24).uniform(-0.01, 0.01, 100_000)
     with mp.Simulator(3, timeout=TIMEOUT) as sim:
         half, third, mean = sim.fetch(sim.evaluate(program, sim.put(0, x)), party=0)
     # 1/3 and 1/4 are encoded with 20 fraction bits: relative error at most 2^-18

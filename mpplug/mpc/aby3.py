@@ -30,7 +30,7 @@ from jax import lax
 from mpplug.frontend.primitives import converge, prand, prank, run_jax, run_jax_at, shuffle_static
 from mpplug.frontend.tracer import TracedValue
 from mpplug.mpc import ring
-from mpplug.mpc.prf import KEY_WORDS, prf
+from mpplug.mpc.prf import KEY_WORDS, prf, prf_many
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.rounds import exchange
 
@@ -108,7 +108,7 @@ class ABY3(Protocol):
 
         def split(value: jnp.ndarray, seed: jnp.ndarray) -> list[jnp.ndarray]:
             v = encode(value)
-            x0, x1 = prf(seed, 0, v.shape), prf(seed, 1, v.shape)
+            x0, x1 = prf_many([seed, seed], [0, 1], [v.shape, v.shape])  # one ChaCha loop
             parts = [x0, x1, v - x0 - x1]
             return [jnp.stack([parts[i], parts[(i + 1) % 3]]) for i in range(3)]
 

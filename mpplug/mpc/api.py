@@ -6,9 +6,8 @@ program (the same for every computing party) and emits it round by round (see `r
 
 from __future__ import annotations
 
-import itertools
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +22,12 @@ from mpplug.frontend.jax_export import function_name
 from mpplug.frontend.primitives import run_pfunc
 from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
 from mpplug.kernels.builtin import check_range_pfunction
-from mpplug.mpc import ring
+from mpplug.mpc import ring, trace_cache
 from mpplug.mpc.aby3 import ABY3
 from mpplug.mpc.interpreter import Interpreter, Secret, is_float
 from mpplug.mpc.protocol import TRUNCATIONS, Context, Protocol
-from mpplug.mpc.rounds import emit_rounds
+from mpplug.mpc.recording import Recording
+from mpplug.mpc.rounds import record_rounds
 from mpplug.mpc.sealed import Sealed
 
 DEFAULT_FRAC_BITS = 18
@@ -51,7 +51,12 @@ class _ProgramState:
     """Per program being traced: each computing set's context values and stream counter."""
 
     contexts: dict[tuple[int, ...], list[TracedValue]] = field(default_factory=dict)
-    streams: Iterator[int] = field(default_factory=itertools.count)
+    stream: int = 0
+    """The next PRF stream number."""
+
+    def next_stream(self) -> int:
+        self.stream += 1
+        return self.stream - 1
 
 
 _states: weakref.WeakKeyDictionary[GraphBuilder, _ProgramState] = weakref.WeakKeyDictionary()
@@ -191,8 +196,8 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise TraceError(f"{where}: expected at least one sealed argument (mp.mpc.seal), got none")
     first = sealed[0]
     for s in sealed[1:]:
-        settings = (s.parties, s.frac_bits, s.protocol, s.truncation)
-        if settings != (first.parties, first.frac_bits, first.protocol, first.truncation):
+        agreed = (s.parties, s.frac_bits, s.protocol, s.truncation)
+        if agreed != (first.parties, first.frac_bits, first.protocol, first.truncation):
             raise TraceError(
                 f"{where}: sealed arguments disagree: {first!r} and {s!r} (computing parties, "
                 f"fixed point, truncation and protocol must match)"
@@ -242,13 +247,82 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if context is None:
         context = state.contexts[parties] = proto.setup(parties)
     secret_positions = {i for i in dynamic if isinstance(leaves[i], Sealed)}
+    inputs = [
+        f"secret {leaves[i].shape} {np.dtype(leaves[i].dtype).str} {leaves[i].boolean}"
+        if i in secret_positions
+        else f"public {spec.shape} {np.dtype(spec.dtype).str}"
+        for i, spec in zip(dynamic, specs, strict=True)
+    ]
+    settings = (
+        proto.name,
+        parties,
+        first.frac_bits,
+        first.truncation,
+        builder.platforms,
+        state.stream,
+        name,
+        [(v.shape, v.dtype.numpy.str) for v in context],
+    )
+    key = trace_cache.trace_key(closed, inputs, settings)
+    recording = trace_cache.load(key)
+    if recording is None:
+        recording = _record(
+            closed,
+            leaves,
+            dynamic,
+            secret_positions,
+            first,
+            proto,
+            context,
+            public_inputs,
+            state,
+            name,
+            builder.platforms,
+        )
+        trace_cache.store(key, recording)
+    else:
+        state.stream += recording.streams
+    outputs = recording.replay([*context, *secret_inputs, *public_inputs], parties)
+    results = [
+        Sealed(
+            out,
+            shape,
+            dtype,
+            parties,
+            frac_bits=first.frac_bits,
+            boolean=boolean,
+            protocol=proto.name,
+            truncation=first.truncation,
+        )
+        for out, (shape, dtype, boolean) in zip(outputs, recording.metas, strict=True)
+    ]
+    return jax.tree.unflatten(out_trees[-1], results)
+
+
+def _record(
+    closed: Any,
+    leaves: list[Any],
+    dynamic: list[int],
+    secret_positions: set[int],
+    first: Sealed,
+    proto: Protocol,
+    context: list[TracedValue],
+    public_inputs: list[TracedValue],
+    state: _ProgramState,
+    name: str,
+    platforms: Sequence[str] | None,
+) -> Recording:
+    """Interpret the user's jaxpr on shares into the share program, and split it into rounds."""
+    where = f"mp.mpc.run({name})"
+    start = state.stream
     metas: list[tuple[tuple[int, ...], np.dtype[Any], bool]] = []
+    n_secret = len(secret_positions)
 
     def share_program(role: Any, keys: Any, *inputs: Any) -> list[Any]:
-        ctx = Context(role, keys, first.frac_bits, lambda: next(state.streams), first.truncation)
+        ctx = Context(role, keys, first.frac_bits, state.next_stream, first.truncation)
         interpreter = Interpreter(proto, ctx, where)
-        secrets = iter(inputs[: len(secret_inputs)])
-        publics = iter(inputs[len(secret_inputs) :])
+        secrets = iter(inputs[:n_secret])
+        publics = iter(inputs[n_secret:])
         values = []
         for i in dynamic:
             if i in secret_positions:
@@ -273,23 +347,10 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     avals += [jax.ShapeDtypeStruct(v.shape, v.dtype.numpy) for v in public_inputs]
     with jax.enable_x64(True):
         program = jax.make_jaxpr(share_program)(*avals)
-    outputs = emit_rounds(
-        program, [*context, *secret_inputs, *public_inputs], parties, name, builder.platforms
-    )
-    results = [
-        Sealed(
-            out,
-            shape,
-            dtype,
-            parties,
-            frac_bits=first.frac_bits,
-            boolean=boolean,
-            protocol=proto.name,
-            truncation=first.truncation,
-        )
-        for out, (shape, dtype, boolean) in zip(outputs, metas, strict=True)
-    ]
-    return jax.tree.unflatten(out_trees[-1], results)
+    recording = record_rounds(program, avals, name, platforms)
+    recording.metas = [(tuple(shape), np.dtype(dtype), boolean) for shape, dtype, boolean in metas]
+    recording.streams = state.stream - start
+    return recording
 
 
 def reveal(x: Any, to: int | str | Sequence[int | str] | None = None) -> Any:

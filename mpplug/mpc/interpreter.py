@@ -693,3 +693,45 @@ def _clamp(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         else:
             shares = limit + self.protocol.mul(self.ctx, below, shares - limit)
     return self.out(eqn, shares)
+
+
+@rule("scan")
+def _scan(it: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
+    """`lax.scan`, and `lax.fori_loop` with a static trip count (which JAX writes as a scan),
+    unrolled: the body runs `length` times on shares, one iteration after another."""
+    params = eqn.params
+    body: ClosedJaxpr = params["jaxpr"]
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    consts = values[:n_consts]
+    carry = list(values[n_consts : n_consts + n_carry])
+    xs = values[n_consts + n_carry :]
+    steps = range(params["length"])
+    per_step: list[list[Value]] = []
+    for t in reversed(steps) if params["reverse"] else steps:
+        outs = it.eval(body.jaxpr, body.consts, [*consts, *carry, *(_row(it, x, t) for x in xs)])
+        carry = outs[:n_carry]
+        per_step.append(outs[n_carry:])
+    if params["reverse"]:
+        per_step.reverse()
+    ys = [
+        _stacked(it, [step[k] for step in per_step], _aval(eqn, n_carry + k))
+        for k in range(len(eqn.outvars) - n_carry)
+    ]
+    return [*carry, *ys]
+
+
+def _row(it: Interpreter, x: Value, t: int) -> Value:
+    """Row `t` of a scanned-over value."""
+    if not isinstance(x, Secret):
+        return x[t]
+    return Secret(it.protocol.local(lambda s: s[t], x.shares), x.shape[1:], x.dtype, x.boolean)
+
+
+def _stacked(it: Interpreter, rows: list[Value], aval: Any) -> Value:
+    """A scan's per-iteration outputs stacked along a new first axis."""
+    if not any(isinstance(r, Secret) for r in rows):
+        return jnp.stack(rows) if rows else jnp.zeros(aval.shape, aval.dtype)
+    boolean = all(isinstance(r, Secret) and r.boolean for r in rows)
+    shares = [r.shares if boolean else it.arith(r, aval.dtype) for r in rows]
+    stacked = it.protocol.local(lambda *parts: jnp.stack(parts), *shares)
+    return Secret(stacked, tuple(aval.shape), np.dtype(aval.dtype), boolean)

@@ -105,6 +105,56 @@ def prf_many(
     return out
 
 
+def compact_offsets(counts: Sequence[int], rows: Sequence[Sequence[bool]]) -> np.ndarray:
+    """Where each stream starts in a compact buffer holding only the streams a row chose:
+    int32[rows, streams], the running sum of the chosen streams' block counts (a stream not
+    chosen takes no blocks and starts where the next one does)."""
+    chosen = np.asarray(rows, bool) * np.asarray(counts, np.int64)[None, :]
+    starts = np.cumsum(chosen, axis=1) - chosen
+    return starts.astype(np.int32)
+
+
+def prf_compact(
+    keys: Sequence[jnp.ndarray],
+    streams: Sequence[int],
+    offsets: jnp.ndarray,
+    total: jnp.ndarray,
+    width: int,
+) -> jnp.ndarray:
+    """The keystream blocks of the streams one row of `compact_offsets` chose, laid out
+    compactly: uint32[16, width] (word-major), stream i from block `offsets[i]`, computed
+    CHUNK blocks at a time for `total` blocks (a traced count: a party computes only its
+    own). Blocks past `total` are zero. One loop, whatever the number of streams."""
+    key_table = jnp.stack([k.astype(jnp.uint32) for k in keys])
+    nonce_table = jnp.asarray(
+        np.array([[s & 0xFFFFFFFF, s >> 32, _NONCE_TAG] for s in streams], np.uint32)
+    )
+    offsets = offsets.astype(jnp.int32)
+
+    def chunk(index: jnp.ndarray, out: jnp.ndarray) -> jnp.ndarray:
+        block = index * CHUNK + jnp.arange(CHUNK, dtype=jnp.int32)
+        owner = jnp.searchsorted(offsets, block, side="right") - 1
+        counter = (block - offsets[owner]).astype(jnp.uint32)
+        words = chacha_blocks(key_table[owner], nonce_table[owner], counter)
+        return lax.dynamic_update_slice(out, words, (jnp.int32(0), index * CHUNK))
+
+    chunks = (total.astype(jnp.int32) + CHUNK - 1) // CHUNK
+    return lax.fori_loop(jnp.int32(0), chunks, chunk, jnp.zeros((16, width), jnp.uint32))
+
+
+def stream_view(blocks: jnp.ndarray, offset: Any, count: int, shape: Sequence[int]) -> jnp.ndarray:
+    """Stream words of `shape` from `prf_compact`'s buffer, its `count` blocks from `offset`:
+    the same words `prf_many` gives for that stream."""
+    words = lax.dynamic_slice_in_dim(blocks, jnp.asarray(offset, jnp.int32), count, axis=1)
+    wide = words[0::2].astype(jnp.uint64) | (words[1::2].astype(jnp.uint64) << np.uint64(32))
+    return wide.reshape(-1)[: math.prod(shape)].reshape(tuple(shape))
+
+
+def blocks_for(shape: Sequence[int]) -> int:
+    """Keystream blocks (eight uint64 words each) a stream of `shape` takes."""
+    return _blocks(shape)
+
+
 prf_p = Primitive("mpc_prf")
 """`prf(key, role, stream=s, shape=..., roles=...)`: uint64 words pseudorandom under `key`
 (uint32[8]); `roles` (None: every role) are the party roles that use them, and a party whose

@@ -5,12 +5,11 @@ A protocol writes what every computing party does as one JAX function (SPMD over
 which `exchange` is the only communication. `emit_rounds` schedules each equation into a
 round (exchanges as early as possible, local work as late as possible), packs the messages of
 one round and one route pattern into a single uint64 vector, exports each round's local work
-once and appends CALL and SHUFFLE ops to the program being traced.
+once and records the CALL and SHUFFLE steps that wire them (see `recording`).
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,18 +17,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
 
 from mpplug.frontend.jax_export import jax_export
-from mpplug.frontend.primitives import run_pfunc, shuffle_static
-from mpplug.frontend.tracer import TracedValue
-from mpplug.mpc.prf import prf_many, prf_p
-
-PER_ROLE_WORDS = 1 << 20
-"""PRF words in a round (8 MiB of keystream, about 12 ms of ChaCha12 on one core) from which
-each role draws only the streams it uses: the per-role branches of the round's PFunction
-compile for seconds, and pay back only on large values."""
+from mpplug.mpc.prf import CHUNK, blocks_for, compact_offsets, prf_compact, prf_p, stream_view
+from mpplug.mpc.recording import Recording
 
 exchange_p = Primitive("mpc_exchange")
 """`exchange(x, sources=(s0, s1, s2), tag=...)`: role d receives the value role s_d holds
@@ -160,33 +153,33 @@ def _last_use(plan: RoundPlan, jaxpr: Jaxpr) -> dict[Any, int]:
     return last
 
 
-def emit_rounds(
+def record_rounds(
     closed: ClosedJaxpr,
-    inputs: Sequence[TracedValue],
-    parties: Sequence[int],
+    input_types: Sequence[jax.ShapeDtypeStruct],
     name: str,
     platforms: Sequence[str] | None,
-) -> list[TracedValue]:
-    """Append the share program `closed` (run by every party in `parties`, role i at
-    `parties[i]`) to the program being traced, with `inputs` as its arguments there.
-
-    Returns the program values of its outputs. Round r's local work is one PFunction, the
-    same bytes at every computing party; each message of round r is one SHUFFLE.
-    """
+) -> Recording:
+    """Split the share program `closed` (run by every computing party) into rounds: round
+    r's local work is one PFunction, the same bytes at every party, and each message of round
+    r one SHUFFLE. Returns them as a `Recording` (inputs: `closed`'s arguments)."""
     jaxpr = closed.jaxpr
     plan = plan_rounds(jaxpr)
     consts = dict(zip(jaxpr.constvars, closed.consts, strict=True))
-    held: dict[Var, TracedValue] = dict(zip(jaxpr.invars, inputs, strict=True))
+    recording = Recording(len(input_types))
+    types: list[jax.ShapeDtypeStruct] = list(input_types)
+    held: dict[Any, int] = dict(zip(jaxpr.invars, range(len(input_types)), strict=True))
     source: dict[Var, tuple[int, int, int]] = {}  # exchange output -> (message, start, size)
     for index, message in enumerate(plan.messages):
         for v, (start, size) in message.spans().items():
             source[v] = (index, start, size)
-    packed: dict[int, TracedValue] = {}
+    packed: dict[int, int] = {}
     last_use = _last_use(plan, jaxpr)
     local: dict[int, list[JaxprEqn]] = defaultdict(list)
     for i, eqn in enumerate(plan.eqns):
         if eqn.primitive is not exchange_p:
             local[plan.level[i]].append(eqn)
+    randoms = [e for e in plan.eqns if e.primitive is prf_p]
+    randomness = _Randomness(randoms, plan, last_use) if randoms else None
     final = plan.rounds
     for level in range(final + 1):
         eqns = local.get(level, [])
@@ -194,52 +187,136 @@ def emit_rounds(
         defined = dict.fromkeys(v for e in eqns for v in e.outvars if _is_var(v))
         reads = [v for e in eqns for v in e.invars]
         reads += [e.invars[0] for _, m in sends for e in m.eqns]
-        keep = [v for v in defined if last_use.get(v, -1) > level]
+        keep: list[Any] = [v for v in defined if last_use.get(v, -1) > level]
+        missing: list[Var] = []
         if level == final:
             missing = [v for v in jaxpr.outvars if _is_var(v) and v not in held]
             reads += missing
             keep = list(dict.fromkeys(keep + missing))
+        views: list[Var] = []
+        if randomness is not None:
+            views = [
+                v
+                for v in dict.fromkeys(r for r in [*reads, *keep] if _is_var(r))
+                if v in randomness.index
+            ]
+            keep = [v for v in keep if v not in randomness.index or v in missing]
+            if level == randomness.level and randomness.last_use > level:
+                keep.append(BUFFER)
         if not eqns and not sends and not keep:
             continue
-        needed = [v for v in dict.fromkeys(r for r in reads if _is_var(r)) if v not in defined]
+        needed: list[Any] = [
+            v for v in dict.fromkeys(r for r in reads if _is_var(r)) if v not in defined
+        ]
+        if randomness is not None and level != randomness.level and views:
+            needed = [v for v in needed if v not in randomness.index]
+            needed += [BUFFER, *([randomness.role] if randomness.role is not None else [])]
+            needed = list(dict.fromkeys(needed))
         direct = [v for v in needed if v in held]
         messages = list(dict.fromkeys(source[v][0] for v in needed if v in source))
-        segment = _segment(eqns, direct, messages, source, consts, keep, [m for _, m in sends])
+        drawn = randomness if randomness is not None and level == randomness.level else None
+        segment = _segment(
+            eqns,
+            direct,
+            messages,
+            source,
+            consts,
+            keep,
+            [m for _, m in sends],
+            randomness,
+            drawn is not None,
+            views,
+        )
         args = [held[v] for v in direct] + [packed[m] for m in messages]
         tags = "+".join(m.tag for _, m in sends) or "out"
         segment.__name__ = f"mpc.{name}.{tags}"
         with jax.enable_x64(True):
-            pfunc, _, _ = jax_export(
-                segment,
-                *(jax.ShapeDtypeStruct(a.shape, a.dtype.numpy) for a in args),
-                platforms=platforms,
-            )
-        results = run_pfunc(pfunc, *args, parties=list(parties))
+            pfunc, _, _ = jax_export(segment, *(types[a] for a in args), platforms=platforms)
+        results = recording.call(pfunc, args)
+        types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in pfunc.outs_info]
         held.update(zip(keep, results, strict=False))
         for (index, message), vector in zip(sends, results[len(keep) :], strict=True):
-            routes: dict[int | str, int | str] = {
-                parties[d]: parties[s] for d, s in enumerate(message.sources)
-            }
-            packed[index] = shuffle_static(vector, routes)
-    outputs = []
+            packed[index] = recording.shuffle(vector, message.sources)
+            types.append(types[vector])
     for v in jaxpr.outvars:
         if not _is_var(v) or v not in held:
             raise AssertionError(f"share program output {v} was not computed")
-        outputs.append(held[v])
-    return outputs
+        recording.outputs.append(held[v])
+    return recording
+
+
+BUFFER = "prf blocks"
+"""The compact keystream buffer, held between rounds like a share program variable."""
+
+
+class _Randomness:
+    """Every PRF stream of a share program, drawn in one round (the first: keys are inputs)
+    into one compact buffer of ChaCha blocks that rounds slice their streams from.
+
+    Where streams name the roles that use them, each role draws only its own streams (its
+    row of offsets, chosen by its role at run time): a stream two roles share costs nothing
+    at the third. A role above every named one gets the last row: the streams every role
+    uses."""
+
+    def __init__(self, eqns: list[JaxprEqn], plan: RoundPlan, last_use: dict[Any, int]) -> None:
+        levels = {plan.level[i] for i, e in enumerate(plan.eqns) if e.primitive is prf_p}
+        if len(levels) != 1:
+            raise AssertionError(f"PRF streams drawn in rounds {sorted(levels)}, not one")
+        (self.level,) = levels
+        self.eqns = eqns
+        self.index = {e.outvars[0]: i for i, e in enumerate(eqns)}
+        self.last_use = max(last_use.get(e.outvars[0], -1) for e in eqns)
+        self.streams = [e.params["stream"] for e in eqns]
+        self.shapes = [e.params["shape"] for e in eqns]
+        self.counts = [blocks_for(shape) for shape in self.shapes]
+        users = [e.params["roles"] for e in eqns]
+        named = [u for u in users if u is not None]
+        self.role: Any = None
+        if named:
+            self.role = next(e.invars[1] for e in eqns if e.params["roles"] is not None)
+            rows = [[u is None or r in u for u in users] for r in range(2 + max(map(max, named)))]
+        else:
+            rows = [[True] * len(eqns)]
+        self.offsets = compact_offsets(self.counts, rows)
+        self.totals = np.array(
+            [sum(c for c, chosen in zip(self.counts, row, strict=True) if chosen) for row in rows],
+            np.int32,
+        )
+        self.width = -(-int(self.totals.max()) // CHUNK) * CHUNK
+
+    def _row(self, env: dict[Any, Any]) -> Any:
+        if self.role is None:
+            return 0
+        return jnp.clip(_read(env, self.role), 0, len(self.totals) - 1)
+
+    def draw(self, env: dict[Any, Any]) -> Any:
+        keys = [_read(env, e.invars[0]) for e in self.eqns]
+        row = self._row(env)
+        offsets, totals = jnp.asarray(self.offsets), jnp.asarray(self.totals)
+        return prf_compact(keys, self.streams, offsets[row], totals[row], self.width)
+
+    def view(self, env: dict[Any, Any], v: Var) -> Any:
+        i = self.index[v]
+        row = self._row(env)
+        offset = self.offsets[0, i] if self.role is None else jnp.asarray(self.offsets[:, i])[row]
+        return stream_view(env[BUFFER], offset, self.counts[i], self.shapes[i])
 
 
 def _segment(
     eqns: list[JaxprEqn],
-    direct: list[Var],
+    direct: list[Any],
     messages: list[int],
     source: dict[Var, tuple[int, int, int]],
     consts: dict[Var, Any],
-    keep: list[Var],
+    keep: list[Any],
     sends: list[_Message],
+    randomness: _Randomness | None,
+    draws: bool,
+    views: list[Var],
 ) -> Any:
     """The local work of one round as a plain function: (held values, received vectors) ->
-    (values kept for later rounds, one packed vector per message sent)."""
+    (values kept for later rounds, one packed vector per message sent). A round that `draws`
+    makes the keystream buffer; `views` are the PRF streams it reads from it."""
     slot = {m: i for i, m in enumerate(messages)}
     randoms = [e for e in eqns if e.primitive is prf_p]
     key_work = _dependencies(eqns, [v for e in randoms for v in e.invars])
@@ -255,9 +332,11 @@ def _segment(
                 env[v] = vectors[slot[index]][start : start + size].reshape(_aval(v).shape)
         for eqn in key_work:
             _bind(eqn, env)
-        if randoms:
-            words = _random_words(randoms, env)
-            env.update((e.outvars[0], w) for e, w in zip(randoms, words, strict=True))
+        if randomness is not None:
+            if draws:
+                env[BUFFER] = randomness.draw(env)
+            for v in views:
+                env[v] = randomness.view(env, v)
         for eqn in rest:
             _bind(eqn, env)
         kept = [_read(env, v) for v in keep]
@@ -265,42 +344,6 @@ def _segment(
         return (*kept, *out)
 
     return segment
-
-
-def _random_words(randoms: list[JaxprEqn], env: dict[Any, Any]) -> list[Any]:
-    """Every PRF stream of a round in one batched ChaCha call. Where streams name the roles
-    that use them and there are at least PER_ROLE_WORDS words, each role runs a branch
-    computing only its own (zeros for the others), so a stream two roles share costs nothing
-    at the third; a role above every named one runs the last branch, which draws only the
-    streams every role uses. Below that size the branches cost more to compile than they
-    save."""
-    keys = [_read(env, e.invars[0]) for e in randoms]
-    streams = [e.params["stream"] for e in randoms]
-    shapes = [e.params["shape"] for e in randoms]
-    users = [e.params["roles"] for e in randoms]
-    words = sum(math.prod(shape) for shape in shapes)
-    if all(u is None for u in users) or words < PER_ROLE_WORDS:
-        return prf_many(keys, streams, shapes)
-    count = 2 + max(max(u) for u in users if u is not None)
-
-    def branch(role: int) -> Any:
-        chosen = [i for i, u in enumerate(users) if u is None or role in u]
-
-        def words(keys: list[Any]) -> list[Any]:
-            out = [jnp.zeros(shape, jnp.uint64) for shape in shapes]
-            if not chosen:
-                return out
-            drawn = prf_many(
-                [keys[i] for i in chosen], [streams[i] for i in chosen], [shapes[i] for i in chosen]
-            )
-            for i, w in zip(chosen, drawn, strict=True):
-                out[i] = w
-            return out
-
-        return words
-
-    role = _read(env, next(e.invars[1] for e in randoms if e.params["roles"] is not None))
-    return lax.switch(role, [branch(r) for r in range(count)], keys)
 
 
 def _dependencies(eqns: list[JaxprEqn], targets: list[Any]) -> list[JaxprEqn]:
