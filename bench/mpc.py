@@ -14,7 +14,7 @@ Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held b
   depth (most such SHUFFLEs on one dependency chain; one round can send several messages),
   then all the program's SHUFFLE ops (with seal, key setup, reveal, and those that move
   nothing, e.g. seal's converge and reveal's own-pair step). The mpc.run part is
-  found by tagging: SHUFFLEs fed by a CALL whose PFunction `rounds.emit_rounds` named "mpc.*".
+  found by tagging: SHUFFLEs fed by a CALL whose PFunction `rounds.record_rounds` named "mpc.*".
 - bytes/party: for each moving route of those SHUFFLEs, the op's output nbytes, charged to the
   sender; mean and max over the 3 parties. Seal, key setup and reveal are excluded, as SPU's
   link counters exclude input sharing and output reconstruction.
@@ -56,7 +56,7 @@ RECV_TIMEOUT_S = 120.0
 ERROR_SLACK = 1.0
 """Error target: ours <= SPU's x this (1.0: no worse at all)."""
 MPC_PREFIX = "mpc."
-"""emit_rounds names each round's PFunction mpc.<fn>.<tags>."""
+"""record_rounds names each round's PFunction mpc.<fn>.<tags>."""
 
 
 # ---------------------------------------------------------------- workloads (SPU's data)
@@ -87,6 +87,30 @@ def reciprocal(a: jax.Array) -> jax.Array:
     return 1.0 / a
 
 
+def lr_epochs_fori(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
+    return jax.lax.fori_loop(0, 10, lambda i, w: lr_step(x, y, w), w)
+
+
+def lr_np(x: np.ndarray, y: np.ndarray, w: np.ndarray, epochs: int) -> np.ndarray:
+    for _ in range(epochs):
+        w = w - 1.0 * (x.T @ (sigmoid_np(x @ w) - y)) / x.shape[0]
+    return w
+
+
+def mlp_loss(params: tuple[jax.Array, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+    """SPU's: a ReLU hidden layer, softmax by hand, cross-entropy."""
+    w1, w2 = params
+    z = jax.nn.relu(x @ w1) @ w2
+    e = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
+    p = e / jnp.sum(e, axis=-1, keepdims=True)
+    return -jnp.mean(jnp.sum(y * jnp.log(p + 1e-6), axis=-1))
+
+
+def mlp_step(w1: jax.Array, w2: jax.Array, x: jax.Array, y: jax.Array) -> Any:
+    g1, g2 = jax.grad(mlp_loss)((w1, w2), x, y)
+    return w1 - 0.1 * g1, w2 - 0.1 * g2
+
+
 @dataclass
 class Workload:
     name: str
@@ -99,8 +123,9 @@ class Workload:
 
 
 def workloads(quick: bool) -> list[Workload]:
-    """The SPU script's workloads minus its 10-epoch logreg, drawing from one
-    default_rng(0) in its order, so every input is bit for bit the one SPU ran on."""
+    """The SPU script's workloads (minus its unrolled 10-epoch logreg and those mp.mpc does
+    not run yet), drawing from its generators in its order, so every input is bit for bit
+    the one SPU ran on."""
     rng = np.random.default_rng(0)
     s = 10 if quick else 1
     out = []
@@ -120,6 +145,12 @@ def workloads(quick: bool) -> list[Workload]:
     p = sigmoid_np(X @ w0)
     ref = w0 - 1.0 * (X.T @ (p - labels)) / X.shape[0]
     out.append(Workload("logreg 1 epoch 10000x16", lr_step, (X, labels, w0), ref, "max abs"))
+    ref10 = lr_np(X, labels, w0, 10)
+    out.append(
+        Workload(
+            "logreg 10 epochs fori 10000x16", lr_epochs_fori, (X, labels, w0), ref10, "max abs"
+        )
+    )
     n = 100_000 // s
     xe = rng.uniform(-4, 4, n)
     out.append(Workload(f"exp, n={n:,}, x in [-4,4]", jnp.exp, (xe,), np.exp(xe), "max rel"))
@@ -129,10 +160,21 @@ def workloads(quick: bool) -> list[Workload]:
     )
     xs = rng.uniform(0.1, 100, n)
     out.append(Workload(f"sqrt, n={n:,}, x in [0.1,100]", jnp.sqrt, (xs,), np.sqrt(xs), "max rel"))
+    mlp = np.random.default_rng(0)  # SPU's mlp_data(0), in its order
+    xm = mlp.normal(size=(256, 64)).astype(np.float32)
+    ym = np.eye(10, dtype=np.float32)[mlp.integers(0, 10, 256)]
+    w1 = (mlp.normal(size=(64, 32)) * 0.1).astype(np.float32)
+    w2 = (mlp.normal(size=(32, 10)) * 0.1).astype(np.float32)
+    ref_mlp = np.concatenate(
+        [np.ravel(np.asarray(v, np.float64)) for v in jax.jit(mlp_step)(w1, w2, xm, ym)]
+    )
+    out.append(Workload("mlp step 256x64-32-10", mlp_step, (w1, w2, xm, ym), ref_mlp, "max abs"))
     return out
 
 
-def error(metric: str, got: np.ndarray, ref: np.ndarray) -> float:
+def error(metric: str, got: Any, ref: np.ndarray) -> float:
+    if isinstance(got, tuple | list):  # a pytree of outputs: compared flat, in order
+        got = np.concatenate([np.ravel(np.asarray(g, np.float64)) for g in got])
     if metric == "wrong":
         return float(np.sum(np.asarray(got).astype(bool) != ref))
     diff = np.abs(np.asarray(got, np.float64) - ref)

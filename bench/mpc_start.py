@@ -1,0 +1,183 @@
+"""How fast mp.mpc programs start: the first evaluate of each `bench.mpc` workload in a fresh
+process with an empty compile cache (cold) and again with the cache it left (warm), beside
+SPU's first call; and the Driver with three local party processes beside the Simulator.
+
+    python -m bench.mpc_start [--spu /tmp/spu.json] [--only SUBSTRING] [--driver] [--json F]
+
+first = `compile` (trace) + the first evaluate and fetch, timed inside the fresh process after
+its inputs are put (SPU's first_s also starts from inputs at hand). Targets (with --spu):
+cold <= 2x SPU's first call, warm <= 1x; with --driver: the Driver's first evaluate <= 2x
+the Simulator's and its cached wall <= 2x the Simulator's. Exit code 1 when one is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import yaml
+
+import mpplug as mp
+from bench.mpc import RECV_TIMEOUT_S, error, load_spu, program, workloads
+from bench.timing import samples
+
+COLD_TARGET = 2.0
+WARM_TARGET = 1.0
+DRIVER_TARGET = 2.0
+CHILD_TIMEOUT_S = 1800
+
+
+def first_evaluate(cluster: Any, name: str) -> dict[str, float]:
+    """Trace and first evaluate of workload `name` on `cluster`, then its cached wall."""
+    (w,) = [w for w in workloads(False) if w.name == name]
+    handles = [cluster.put(i % 3, a) for i, a in enumerate(w.args)]
+    prog = program(w.fn, len(w.args), "precise")
+    start = time.perf_counter()
+    cluster.compile(prog, *handles)
+    trace = time.perf_counter() - start
+    got = cluster.fetch(cluster.evaluate(prog, *handles), party=0)
+    first = time.perf_counter() - start
+    wall = statistics.median(
+        samples(lambda: cluster.fetch(cluster.evaluate(prog, *handles), party=0), 3)
+    )
+    return {"trace": trace, "first": first, "wall": wall, "error": error(w.metric, got, w.ref)}
+
+
+def child(name: str) -> None:
+    with mp.Simulator(3, timeout=RECV_TIMEOUT_S) as sim:
+        print(json.dumps(first_evaluate(sim, name)), flush=True)
+
+
+def in_fresh_process(name: str, cache: Path) -> dict[str, float]:
+    env = {**os.environ, "MPPLUG_CACHE_DIR": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.mpc_start", "--child", name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: the fresh process failed:\n{done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def start_rows(names: list[str], spu: dict[str, Any] | None) -> tuple[list[str], bool, dict]:
+    head = ["workload", "cold first s (trace)", "warm first s (trace)", "cached wall s"]
+    if spu is not None:
+        head += ["SPU first s", "cold / SPU", "warm / SPU", "target"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    missed, raw = False, {}
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="mpplug-cache-") as tmp:
+            cold = in_fresh_process(name, Path(tmp))
+            warm = in_fresh_process(name, Path(tmp))
+        raw[name] = {"cold": cold, "warm": warm}
+        cells = [
+            name,
+            f"{cold['first']:.2f} ({cold['trace']:.2f})",
+            f"{warm['first']:.2f} ({warm['trace']:.2f})",
+            f"{warm['wall']:.3f}",
+        ]
+        row = (spu or {}).get(name)
+        if spu is not None and (row is None or row.get("first_s") is None):
+            cells += ["n/a", "n/a", "n/a", "no SPU row"]
+        elif spu is not None:
+            first = row["first_s"]
+            ok = cold["first"] <= COLD_TARGET * first and warm["first"] <= WARM_TARGET * first
+            missed |= not ok
+            cells += [
+                f"{first:.3f}",
+                f"{cold['first'] / first:.1f}x",
+                f"{warm['first'] / first:.1f}x",
+                "PASS" if ok else "FAIL",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+        print(f"  {name}: cold {cold['first']:.2f} s, warm {warm['first']:.2f} s", flush=True)
+    return lines, missed, raw
+
+
+def driver_rows(names: list[str]) -> tuple[list[str], bool, dict]:
+    """Each workload first on the Simulator, then on a Driver with three local party
+    processes; each side with its own empty compile cache."""
+    from mpplug.config import ClusterSpec
+    from mpplug.remote.driver import Driver
+    from mpplug.remote.launch import LocalParties
+
+    head = ["workload", "Simulator first s", "Driver first s", "ratio", "Simulator wall s"]
+    head += ["Driver wall s", "ratio", "target"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    missed, raw = False, {}
+    with tempfile.TemporaryDirectory(prefix="mpplug-bench-") as tmp:
+        root = Path(tmp)
+        sims = {}
+        os.environ["MPPLUG_CACHE_DIR"] = str(root / "simulator-cache")
+        with mp.Simulator(3, timeout=RECV_TIMEOUT_S) as sim:
+            for name in names:
+                sims[name] = first_evaluate(sim, name)
+        os.environ["MPPLUG_CACHE_DIR"] = str(root / "parties-cache")  # the parties inherit it
+        config = root / "cluster.yaml"
+        config.write_text(yaml.safe_dump(ClusterSpec.local(3).to_dict()))
+        with LocalParties(config, log_dir=root / "logs") as parties:
+            parties.start()
+            parties.wait_ready()
+            os.environ["MPPLUG_CACHE_DIR"] = str(root / "driver-cache")
+            with Driver(config, timeout=RECV_TIMEOUT_S) as driver:
+                for name in names:
+                    d, s = first_evaluate(driver, name), sims[name]
+                    raw[name] = {"simulator": s, "driver": d}
+                    first_ratio, wall_ratio = d["first"] / s["first"], d["wall"] / s["wall"]
+                    ok = first_ratio <= DRIVER_TARGET and wall_ratio <= DRIVER_TARGET
+                    missed |= not ok
+                    lines.append(
+                        f"| {name} | {s['first']:.2f} | {d['first']:.2f} | {first_ratio:.2f} | "
+                        f"{s['wall']:.3f} | {d['wall']:.3f} | {wall_ratio:.2f} | "
+                        f"{'PASS' if ok else 'FAIL'} |"
+                    )
+                    print(f"  {name}: driver first {d['first']:.2f} s", flush=True)
+    return lines, missed, raw
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spu", help="the SPU anchor's --json output (its first_s)")
+    ap.add_argument("--only", help="substring filter on workload names")
+    ap.add_argument("--driver", action="store_true", help="also the Driver next to the Simulator")
+    ap.add_argument("--json", help="write raw results here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    spu = load_spu(args.spu) if args.spu else None
+    names = [w.name for w in workloads(False) if not args.only or args.only in w.name]
+    print(
+        f"mpplug {mp.__version__} mp.mpc start-up: jax {jax.__version__}, numpy {np.__version__},"
+        f" {os.cpu_count()} cores",
+        flush=True,
+    )
+    lines, missed, raw = start_rows(names, spu)
+    print("\n" + "\n".join(lines))
+    if args.driver:
+        driver, driver_missed, raw_driver = driver_rows(names)
+        missed |= driver_missed
+        raw = {"start": raw, "driver": raw_driver}
+        print("\n" + "\n".join(driver))
+    if args.json:
+        Path(args.json).write_text(json.dumps(raw, indent=1))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
