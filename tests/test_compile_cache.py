@@ -50,6 +50,14 @@ def entries(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"*{SUFFIX}"))
 
 
+def new_entry(folder: Path, pfunc: mp.PFunction) -> Path:
+    """The one entry a first call of `pfunc` adds to the folder: its executable."""
+    before = set(entries(folder))
+    fresh_call(pfunc)
+    (entry,) = set(entries(folder)) - before
+    return entry
+
+
 def fresh_call(pfunc: mp.PFunction) -> Any:
     """Run `pfunc` on a fresh runtime with a fresh process cache (as a new process would)."""
     jax_exec._PROCESS_CACHE = LRUCache(
@@ -113,13 +121,12 @@ def test_a_second_process_reuses_the_first_ones_executables_and_traces(tmp_path:
 def test_a_truncated_entry_is_ignored_and_rebuilt(folder: Path):
     pfunc = mp.jax_export(f, X, X)[0]
     expected = np.tanh(X @ X) + 1
-    np.testing.assert_allclose(fresh_call(pfunc)[0], expected, rtol=1e-6)
-    (entry,) = entries(folder)
+    entry = new_entry(folder, pfunc)
     whole = entry.read_bytes()
     entry.write_bytes(whole[: len(whole) // 2])
     np.testing.assert_allclose(fresh_call(pfunc)[0], expected, rtol=1e-6)
     stats = disk_cache().stats
-    assert stats.refused == 1 and stats.writes == 2
+    assert stats.refused == 1 and stats.writes == 3  # the export, the executable twice
     assert len(entry.read_bytes()) > len(whole) // 2  # rebuilt in place, whole
     fresh_call(pfunc)
     assert disk_cache().stats.hits == 1
@@ -127,8 +134,7 @@ def test_a_truncated_entry_is_ignored_and_rebuilt(folder: Path):
 
 def test_a_corrupted_entry_is_ignored_and_rebuilt(folder: Path):
     pfunc = mp.jax_export(f, X, X)[0]
-    fresh_call(pfunc)
-    (entry,) = entries(folder)
+    entry = new_entry(folder, pfunc)
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the executable
     entry.write_bytes(bytes(data))
@@ -139,10 +145,8 @@ def test_a_corrupted_entry_is_ignored_and_rebuilt(folder: Path):
 def test_a_foreign_entry_under_another_key_is_never_loaded(folder: Path):
     g = mp.jax_export(lambda x, y: x - y, X, X)[0]
     pfunc = mp.jax_export(f, X, X)[0]
-    fresh_call(g)
-    (theirs,) = entries(folder)
-    fresh_call(pfunc)
-    (mine,) = [e for e in entries(folder) if e != theirs]
+    theirs = new_entry(folder, g)
+    mine = new_entry(folder, pfunc)
     mine.write_bytes(theirs.read_bytes())  # g's executable filed under f's key
     np.testing.assert_allclose(fresh_call(pfunc)[0], np.tanh(X @ X) + 1, rtol=1e-6)
     assert disk_cache().stats.refused == 1
@@ -150,11 +154,11 @@ def test_a_foreign_entry_under_another_key_is_never_loaded(folder: Path):
 
 def test_another_jaxlib_version_misses(folder: Path, monkeypatch: pytest.MonkeyPatch):
     pfunc = mp.jax_export(f, X, X)[0]
-    fresh_call(pfunc)
+    new_entry(folder, pfunc)
     monkeypatch.setattr(jax_exec, "jaxlib_version", lambda: "0.0.1-another")
-    fresh_call(pfunc)
+    new_entry(folder, pfunc)  # a second executable entry, under the other version's key
     stats = disk_cache().stats
-    assert stats.hits == 0 and stats.misses == 2 and len(entries(folder)) == 2
+    assert stats.hits == 0
 
 
 def test_an_empty_cache_dir_turns_the_cache_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
@@ -258,3 +262,21 @@ def test_a_long_compile_logs_its_progress(
     lines = [r.getMessage() for r in caplog.records if r.name == "mpplug"]
     assert any("of 2 functions" in line for line in lines), lines
     assert any(line.endswith(")") and "compiled 2 functions (" in line for line in lines), lines
+
+
+def test_an_export_found_in_the_cache_is_not_lowered_again(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from mpplug.frontend import jax_export as export_module
+
+    first = mp.jax_export(f, X, X)[0]
+    assert len(entries(folder)) == 1
+
+    def no_lowering(*args: Any) -> Any:
+        raise AssertionError("lowered again")
+
+    monkeypatch.setattr(export_module, "_export", no_lowering)
+    assert mp.jax_export(f, X, X)[0] == first
+    assert disk_cache().stats.hits == 1
+    with pytest.raises(AssertionError, match="lowered again"):  # another jaxpr: a miss
+        mp.jax_export(f, X[:2], X)

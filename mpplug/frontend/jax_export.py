@@ -12,11 +12,13 @@ from typing import Any
 
 import jax
 from jax import export as jax_export_module
+from jax.extend.core import jaxpr_as_fun
 from jax.tree_util import PyTreeDef
 
 from mpplug.core import PFunction, TensorType
 from mpplug.errors import InvalidPFunctionError, TraceError
 from mpplug.kernels import jax_exec
+from mpplug.kernels.compile_cache import arrays_digest, cache_key, disk_cache, source_digest
 
 jax_config_states: Any
 try:  # private, thread-local config states; without them digests depend on the call site
@@ -68,9 +70,14 @@ def jax_export(
     fn: Callable[..., Any],
     *args: Any,
     platforms: Sequence[str] | None = None,
+    disk: bool = True,
     **kwargs: Any,
 ) -> tuple[PFunction, list[Any], PyTreeDef]:
     """Export `fn(*args, **kwargs)` once into a PFunction.
+
+    With `disk`, the export is looked up in (and added to) the persistent compile cache, by
+    the function's jaxpr (traced first: cheaper than lowering), so a second process skips
+    lowering it; a jaxpr that names a Python function's address is never cached.
 
     Returns `(pfunc, in_vars, out_tree)`: `in_vars` are the array-like leaves of
     `(args, kwargs)` in flattening order (the PFunction's inputs), and `out_tree` rebuilds
@@ -101,7 +108,16 @@ def jax_export(
     x64 = bool(jax.config.read("jax_enable_x64")) or any(t.dtype.is_64bit for t in in_types)
     specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in in_types]
     target = _platforms(fn, platforms)
-    exported = _export(flat_fn, specs, target, x64)
+    closed = _traced(flat_fn, specs, x64) if disk and disk_cache() is not None else None
+    key = _disk_key(closed, flat_fn.__name__, specs, target, x64) if closed else None
+    if key is not None:
+        found = _from_disk(key, function_name(fn), in_types)
+        if found is not None:
+            return found, in_vars, out_trees[-1]
+    if closed is not None:  # export what was traced: the user's function runs once
+        exported = _export(_as_function(closed, flat_fn.__name__), specs, target, x64)
+    else:
+        exported = _export(flat_fn, specs, target, x64)
     if not x64 and exported is None:  # the function asked for a 64-bit type: honour it
         x64 = True
         out_trees.clear()
@@ -123,7 +139,74 @@ def jax_export(
         jax_exec.ATTR_X64: x64,
     }
     pfunc = PFunction(jax_exec.FN_TYPE, function_name(fn), body, tuple(in_types), outs_info, attrs)
+    cache = disk_cache() if key is not None else None
+    if cache is not None and key is not None:
+        cache.put(key, pfunc.to_bytes())
     return pfunc, in_vars, out_trees[-1]
+
+
+def _traced(flat_fn: Callable[..., Any], specs: list[Any], x64: bool) -> Any:
+    """`flat_fn`'s closed jaxpr, or None where the plain export path must run (the trace
+    fails, or warns that a 64-bit type would be truncated without x64)."""
+    with _x64_if(x64), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            closed = jax.make_jaxpr(flat_fn)(*specs)
+        except Exception:  # the export raises it, with its own message
+            return None
+    if any(_TRUNCATION in str(w.message) for w in caught):
+        return None
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return closed
+
+
+def _as_function(closed: Any, name: str) -> Callable[..., Any]:
+    def traced(*args: Any) -> tuple[Any, ...]:
+        return tuple(jaxpr_as_fun(closed)(*args))
+
+    traced.__name__ = traced.__qualname__ = name
+    return traced
+
+
+def _disk_key(
+    closed: Any, name: str, specs: list[Any], target: tuple[str, ...] | None, x64: bool
+) -> bytes | None:
+    """The persistent cache's key for an export: its jaxpr and everything else it depends
+    on; None for a jaxpr that names a Python function's address (another process's differs)."""
+    text = str(closed.jaxpr)
+    try:
+        consts = arrays_digest(closed.consts)
+    except TypeError:  # constants numpy cannot hold (typed PRNG keys): not cached
+        return None
+    if " at 0x" in text:
+        return None
+    return cache_key(
+        "jax_export",
+        source_digest(),
+        jax.__version__,
+        jax_exec.jaxlib_version(),
+        text,
+        consts,
+        repr([(s.shape, str(s.dtype)) for s in specs]),
+        repr(target),
+        str(x64),
+        name,
+    )
+
+
+def _from_disk(key: bytes, name: str, in_types: list[TensorType]) -> PFunction | None:
+    cache = disk_cache()
+    payload = cache.get(key) if cache is not None else None
+    if payload is None:
+        return None
+    try:
+        pfunc = PFunction.from_bytes(payload)
+    except Exception:
+        return None
+    if pfunc.fn_name != name or pfunc.ins_info != tuple(in_types):
+        return None
+    return pfunc
 
 
 def _export(

@@ -12,14 +12,19 @@ trusted like the user's own files, and a truncated, corrupt or foreign entry is 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
 import struct
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 log = logging.getLogger("mpplug")
 
@@ -30,6 +35,28 @@ SUFFIX = ".mpx"
 _MAGIC = b"MPPLUGX1"
 _HEADER = struct.Struct("<8s32sQ32s")
 """magic, key (sha256), payload length, sha256 of the payload."""
+
+
+@functools.cache
+def source_digest() -> str:
+    """A hash of mpplug's Python source, for keys of what mpplug's code produces (exports,
+    traced programs): an edited checkout never reads entries an older one wrote."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def arrays_digest(arrays: Sequence[Any]) -> str:
+    """A hash of arrays' dtypes, shapes and contents (a jaxpr's constants)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        array = np.asarray(a)
+        h.update(f"{array.dtype.str}{array.shape}".encode())
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()
 
 
 def cache_key(*parts: str) -> bytes:

@@ -231,7 +231,9 @@ def record_rounds(
         tags = "+".join(m.tag for _, m in sends) or "out"
         segment.__name__ = f"mpc.{name}.{tags}"
         with jax.enable_x64(True):
-            pfunc, _, _ = jax_export(segment, *(types[a] for a in args), platforms=platforms)
+            pfunc, _, _ = jax_export(
+                segment, *(types[a] for a in args), platforms=platforms, disk=False
+            )
         results = recording.call(pfunc, args)
         types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in pfunc.outs_info]
         held.update(zip(keep, results, strict=False))

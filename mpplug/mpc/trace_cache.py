@@ -8,19 +8,15 @@ platforms, the first PRF stream, and the source of mpplug and the versions of JA
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 from jax.extend.core import ClosedJaxpr
 
-from mpplug.kernels.compile_cache import cache_key, disk_cache
+from mpplug.kernels.compile_cache import arrays_digest, cache_key, disk_cache, source_digest
 from mpplug.kernels.jax_exec import jaxlib_version
 from mpplug.mpc.recording import Recording
 
@@ -32,37 +28,17 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 that differs between processes."""
 
 
-@functools.cache
-def _source_digest() -> str:
-    """A hash of mpplug's Python source: an edited checkout never replays stale programs."""
-    root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-def _consts_digest(consts: Sequence[Any]) -> str:
-    h = hashlib.sha256()
-    for c in consts:
-        array = np.asarray(c)
-        h.update(f"{array.dtype.str}{array.shape}".encode())
-        h.update(np.ascontiguousarray(array).tobytes())
-    return h.hexdigest()
-
-
 def trace_key(closed: ClosedJaxpr, inputs: Sequence[str], settings: Sequence[Any]) -> bytes:
     """The key of a recording traced from `closed` with `inputs` described (type, secret or
     public) and `settings` (everything else it depends on, as printable values)."""
     return cache_key(
         "mpc.trace",
         FORMAT,
-        _source_digest(),
+        source_digest(),
         jax.__version__,
         jaxlib_version(),
         _ADDRESS.sub("", str(closed.jaxpr)),
-        _consts_digest(closed.consts),
+        arrays_digest(closed.consts),
         repr(list(inputs)),
         repr(list(settings)),
     )
