@@ -27,10 +27,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mpplug.frontend.primitives import converge, prand, prank, run_jax, run_jax_at, shuffle_static
+from mpplug.frontend.primitives import (
+    converge,
+    prand,
+    prank,
+    run_jax,
+    run_jax_at,
+    run_pfunc,
+    shuffle_static,
+)
 from mpplug.frontend.tracer import TracedValue
+from mpplug.kernels.keystream import keystream_pfunction
 from mpplug.mpc import ring
-from mpplug.mpc.prf import KEY_WORDS, prf, prf_many
+from mpplug.mpc.prf import KEY_WORDS, blocks_for, prf, stream_view
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.rounds import exchange
 
@@ -104,16 +113,20 @@ class ABY3(Protocol):
     def share(
         self, x: TracedValue, owner: int, parties: Sequence[int], encode: Callable[[Any], Any]
     ) -> TracedValue:
-        seed = prand((KEY_WORDS,), parties=[owner])
+        keys = prand((2, KEY_WORDS), parties=[owner])  # fresh keys of x0's and x1's streams
+        count = blocks_for(x.shape)
+        draw = keystream_pfunction([0, 1], [count, count], [[1, 1]])
+        (blocks,) = run_pfunc(draw, keys, parties=[owner])
 
-        def split(value: jnp.ndarray, seed: jnp.ndarray) -> list[jnp.ndarray]:
+        def split(value: jnp.ndarray, blocks: jnp.ndarray) -> list[jnp.ndarray]:
             v = encode(value)
-            x0, x1 = prf_many([seed, seed], [0, 1], [v.shape, v.shape])  # one ChaCha loop
+            x0 = stream_view(blocks, 0, count, v.shape)
+            x1 = stream_view(blocks, count, count, v.shape)
             parts = [x0, x1, v - x0 - x1]
             return [jnp.stack([parts[i], parts[(i + 1) % 3]]) for i in range(3)]
 
         with jax.enable_x64(True):
-            pairs = run_jax_at(owner, split, x, seed)
+            pairs = run_jax_at(owner, split, x, blocks)
         placed = [
             pair if party == owner else shuffle_static(pair, {party: owner})
             for party, pair in zip(parties, pairs, strict=True)

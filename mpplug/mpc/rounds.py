@@ -21,7 +21,8 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
 
 from mpplug.frontend.jax_export import jax_export
-from mpplug.mpc.prf import CHUNK, blocks_for, compact_offsets, prf_compact, prf_p, stream_view
+from mpplug.kernels.keystream import keystream_pfunction, stream_offsets
+from mpplug.mpc.prf import blocks_for, prf_p, stream_view
 from mpplug.mpc.recording import Recording
 
 exchange_p = Primitive("mpc_exchange")
@@ -179,10 +180,12 @@ def record_rounds(
         if eqn.primitive is not exchange_p:
             local[plan.level[i]].append(eqn)
     randoms = [e for e in plan.eqns if e.primitive is prf_p]
-    randomness = _Randomness(randoms, plan, last_use) if randoms else None
+    randomness = _Randomness(randoms, plan) if randoms else None
     final = plan.rounds
     for level in range(final + 1):
-        eqns = local.get(level, [])
+        if randomness is not None and level == randomness.level:
+            held[BUFFER] = randomness.record_draw(recording, types, held, consts, platforms, name)
+        eqns = [e for e in local.get(level, []) if e.primitive is not prf_p]
         sends = [(i, m) for i, m in enumerate(plan.messages) if m.level == level]
         defined = dict.fromkeys(v for e in eqns for v in e.outvars if _is_var(v))
         reads = [v for e in eqns for v in e.invars]
@@ -201,31 +204,19 @@ def record_rounds(
                 if v in randomness.index
             ]
             keep = [v for v in keep if v not in randomness.index or v in missing]
-            if level == randomness.level and randomness.last_use > level:
-                keep.append(BUFFER)
         if not eqns and not sends and not keep:
             continue
         needed: list[Any] = [
             v for v in dict.fromkeys(r for r in reads if _is_var(r)) if v not in defined
         ]
-        if randomness is not None and level != randomness.level and views:
+        if randomness is not None and views:
             needed = [v for v in needed if v not in randomness.index]
             needed += [BUFFER, *([randomness.role] if randomness.role is not None else [])]
             needed = list(dict.fromkeys(needed))
         direct = [v for v in needed if v in held]
         messages = list(dict.fromkeys(source[v][0] for v in needed if v in source))
-        drawn = randomness if randomness is not None and level == randomness.level else None
         segment = _segment(
-            eqns,
-            direct,
-            messages,
-            source,
-            consts,
-            keep,
-            [m for _, m in sends],
-            randomness,
-            drawn is not None,
-            views,
+            eqns, direct, messages, source, consts, keep, [m for _, m in sends], randomness, views
         )
         args = [held[v] for v in direct] + [packed[m] for m in messages]
         tags = "+".join(m.tag for _, m in sends) or "out"
@@ -247,27 +238,24 @@ def record_rounds(
     return recording
 
 
-BUFFER = "prf blocks"
-"""The compact keystream buffer, held between rounds like a share program variable."""
+BUFFER = "keystream"
+"""The run's keystream buffer, held between rounds like a share program variable."""
 
 
 class _Randomness:
-    """Every PRF stream of a share program, drawn in one round (the first: keys are inputs)
-    into one compact buffer of ChaCha blocks that rounds slice their streams from.
+    """Every PRF stream of a share program, drawn before the round that first needs them by
+    one `mpplug.keystream` call (after a small PFunction gathers each stream's key) into one
+    buffer of ChaCha20 blocks; each round slices the streams it reads from it.
 
     Where streams name the roles that use them, each role draws only its own streams (its
-    row of offsets, chosen by its role at run time): a stream two roles share costs nothing
-    at the third. A role above every named one gets the last row: the streams every role
-    uses."""
+    row, picked by its role at run time): a stream two roles share costs nothing at the
+    third. A role above every named one gets the last row: the streams every role uses."""
 
-    def __init__(self, eqns: list[JaxprEqn], plan: RoundPlan, last_use: dict[Any, int]) -> None:
-        levels = {plan.level[i] for i, e in enumerate(plan.eqns) if e.primitive is prf_p}
-        if len(levels) != 1:
-            raise AssertionError(f"PRF streams drawn in rounds {sorted(levels)}, not one")
-        (self.level,) = levels
+    def __init__(self, eqns: list[JaxprEqn], plan: RoundPlan) -> None:
+        self.level = min(plan.level[i] for i, e in enumerate(plan.eqns) if e.primitive is prf_p)
         self.eqns = eqns
+        self.plan_eqns = plan.eqns
         self.index = {e.outvars[0]: i for i, e in enumerate(eqns)}
-        self.last_use = max(last_use.get(e.outvars[0], -1) for e in eqns)
         self.streams = [e.params["stream"] for e in eqns]
         self.shapes = [e.params["shape"] for e in eqns]
         self.counts = [blocks_for(shape) for shape in self.shapes]
@@ -276,31 +264,63 @@ class _Randomness:
         self.role: Any = None
         if named:
             self.role = next(e.invars[1] for e in eqns if e.params["roles"] is not None)
-            rows = [[u is None or r in u for u in users] for r in range(2 + max(map(max, named)))]
+            self.rows = [
+                [u is None or r in u for u in users] for r in range(2 + max(map(max, named)))
+            ]
         else:
-            rows = [[True] * len(eqns)]
-        self.offsets = compact_offsets(self.counts, rows)
-        self.totals = np.array(
-            [sum(c for c, chosen in zip(self.counts, row, strict=True) if chosen) for row in rows],
-            np.int32,
+            self.rows = [[True] * len(eqns)]
+        self.offsets = stream_offsets(self.counts, self.rows).astype(np.int32)
+
+    def record_draw(
+        self,
+        recording: Recording,
+        types: list[jax.ShapeDtypeStruct],
+        held: dict[Any, int],
+        consts: dict[Var, Any],
+        platforms: Sequence[str] | None,
+        name: str,
+    ) -> int:
+        """Record the keys' PFunction and the keystream call; returns the buffer's value."""
+        key_vars = [e.invars[0] for e in self.eqns]
+        work = _dependencies(self.plan_eqns, key_vars)
+        made = {v for e in work for v in e.outvars}
+        inputs = list(
+            dict.fromkeys(
+                v
+                for v in [*(r for e in work for r in e.invars), *key_vars]
+                if _is_var(v) and v not in made and v not in consts
+            )
         )
-        self.width = -(-int(self.totals.max()) // CHUNK) * CHUNK
 
-    def _row(self, env: dict[Any, Any]) -> Any:
-        if self.role is None:
-            return 0
-        return jnp.clip(_read(env, self.role), 0, len(self.totals) - 1)
+        def keys(*args: Any) -> Any:
+            env: dict[Any, Any] = dict(consts)
+            env.update(zip(inputs, args, strict=True))
+            for eqn in work:
+                _bind(eqn, env)
+            return jnp.stack([_read(env, v).astype(jnp.uint32) for v in key_vars])
 
-    def draw(self, env: dict[Any, Any]) -> Any:
-        keys = [_read(env, e.invars[0]) for e in self.eqns]
-        row = self._row(env)
-        offsets, totals = jnp.asarray(self.offsets), jnp.asarray(self.totals)
-        return prf_compact(keys, self.streams, offsets[row], totals[row], self.width)
+        keys.__name__ = f"mpc.{name}.keys"
+        args = [held[v] for v in inputs]
+        with jax.enable_x64(True):
+            pfunc, _, _ = jax_export(
+                keys, *(types[a] for a in args), platforms=platforms, disk=False
+            )
+        (table,) = recording.call(pfunc, args)
+        types.append(jax.ShapeDtypeStruct(pfunc.outs_info[0].shape, pfunc.outs_info[0].dtype.numpy))
+        draw = keystream_pfunction(self.streams, self.counts, self.rows)
+        (buffer,) = recording.call(
+            draw, [table, *([held[self.role]] if len(self.rows) > 1 else [])]
+        )
+        types.append(jax.ShapeDtypeStruct(draw.outs_info[0].shape, draw.outs_info[0].dtype.numpy))
+        return buffer
 
     def view(self, env: dict[Any, Any], v: Var) -> Any:
         i = self.index[v]
-        row = self._row(env)
-        offset = self.offsets[0, i] if self.role is None else jnp.asarray(self.offsets[:, i])[row]
+        if len(self.rows) == 1:
+            offset: Any = int(self.offsets[0, i])
+        else:
+            row = jnp.clip(_read(env, self.role), 0, len(self.rows) - 1)
+            offset = jnp.asarray(self.offsets[:, i])[row]
         return stream_view(env[BUFFER], offset, self.counts[i], self.shapes[i])
 
 
@@ -313,17 +333,12 @@ def _segment(
     keep: list[Any],
     sends: list[_Message],
     randomness: _Randomness | None,
-    draws: bool,
     views: list[Var],
 ) -> Any:
     """The local work of one round as a plain function: (held values, received vectors) ->
-    (values kept for later rounds, one packed vector per message sent). A round that `draws`
-    makes the keystream buffer; `views` are the PRF streams it reads from it."""
+    (values kept for later rounds, one packed vector per message sent); `views` are the PRF
+    streams it reads from the keystream buffer."""
     slot = {m: i for i, m in enumerate(messages)}
-    randoms = [e for e in eqns if e.primitive is prf_p]
-    key_work = _dependencies(eqns, [v for e in randoms for v in e.invars])
-    first = {id(e) for e in key_work}
-    rest = [e for e in eqns if e.primitive is not prf_p and id(e) not in first]
 
     def segment(*args: Any) -> tuple[Any, ...]:
         env: dict[Any, Any] = dict(consts)
@@ -332,14 +347,10 @@ def _segment(
         for v, (index, start, size) in source.items():
             if index in slot:
                 env[v] = vectors[slot[index]][start : start + size].reshape(_aval(v).shape)
-        for eqn in key_work:
-            _bind(eqn, env)
         if randomness is not None:
-            if draws:
-                env[BUFFER] = randomness.draw(env)
             for v in views:
                 env[v] = randomness.view(env, v)
-        for eqn in rest:
+        for eqn in eqns:
             _bind(eqn, env)
         kept = [_read(env, v) for v in keep]
         out = [jnp.concatenate([jnp.ravel(_read(env, e.invars[0])) for e in m.eqns]) for m in sends]

@@ -1,0 +1,123 @@
+"""The `mpplug.keystream` kernel: ChaCha20 keystream blocks (RFC 8439) for many streams at
+once, from OpenSSL through `cryptography`, so randomness costs no per-program compile.
+
+Threat model: semi-honest parties. Stream s under a 256-bit key k is the ChaCha20 keystream
+with nonce (s mod 2^32, s >> 32, "mppl") from block counter 0; ChaCha20 is assumed a PRF
+(D. J. Bernstein, "ChaCha, a variant of Salsa20", 2008; RFC 8439), so a party without k sees
+uniform words, and parties that hold k compute the same ones.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from mpplug.core import DType, PFunction, TensorType
+from mpplug.errors import InvalidPFunctionError
+from mpplug.kernels.runtime import KernelRuntime
+
+KEYSTREAM = "mpplug.keystream"
+BLOCK_WORDS = 16
+"""32-bit words per ChaCha block (64 bytes)."""
+NONCE_TAG = 0x6D70706C
+"""The nonce's third word, "mppl"."""
+MAX_BLOCKS = 1 << 26
+"""At most 4 GiB of keystream in one call."""
+ROLE_TYPE = TensorType(DType.INT32, ())
+
+
+def keystream_blocks(key: bytes, stream: int, count: int) -> np.ndarray:
+    """uint32[count, 16]: blocks 0..count-1 of stream `stream` under the 32-byte `key`."""
+    nonce = struct.pack("<IIII", 0, stream & 0xFFFFFFFF, stream >> 32, NONCE_TAG)
+    encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+    data = encryptor.update(bytes(64 * count))
+    return np.frombuffer(data, "<u4").reshape(count, BLOCK_WORDS)
+
+
+def stream_offsets(counts: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray:
+    """int64[rows, streams]: where each stream starts in a row's buffer, which holds only the
+    streams the row chose (a stream not chosen starts where the next one does)."""
+    chosen = np.asarray(rows, np.int64) * np.asarray(counts, np.int64)[None, :]
+    return np.cumsum(chosen, axis=1) - chosen
+
+
+def keystream_pfunction(
+    streams: Sequence[int], counts: Sequence[int], rows: Sequence[Sequence[int]]
+) -> PFunction:
+    """(keys u32[S, 8][, role i32[]]) -> u32[width, 16]: the blocks of the streams row `role`
+    chose (1s in `rows[role]`; a role past the last row takes the last), stream i's `counts[i]`
+    blocks under key i from its row's offset, laid end to end; the rest is zeros. Without
+    several rows there is no role input."""
+    width = max(sum(c for c, on in zip(counts, row, strict=True) if on) for row in rows)
+    ins = [TensorType(DType.UINT32, (len(streams), 8))]
+    if len(rows) > 1:
+        ins.append(ROLE_TYPE)
+    attrs = {
+        "streams": [int(s) for s in streams],
+        "counts": [int(c) for c in counts],
+        "rows": [[int(bool(on)) for on in row] for row in rows],
+    }
+    out = TensorType(DType.UINT32, (width, BLOCK_WORDS))
+    return PFunction(KEYSTREAM, "keystream", b"", tuple(ins), (out,), attrs)
+
+
+def _ints(pfunc: PFunction, name: str) -> list[int]:
+    value = pfunc.attrs.get(name)
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise InvalidPFunctionError(
+            f"{KEYSTREAM}: expected attribute {name!r} to be a list of non-negative ints, "
+            f"got {value!r}"[:300]
+        )
+    return list(value)
+
+
+def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], int]:
+    streams, counts = _ints(pfunc, "streams"), _ints(pfunc, "counts")
+    rows_attr = pfunc.attrs.get("rows")
+    if not isinstance(rows_attr, list | tuple) or not rows_attr:
+        raise InvalidPFunctionError(f"{KEYSTREAM}: expected a non-empty list attribute 'rows'")
+    rows = [list(r) if isinstance(r, list | tuple) else [] for r in rows_attr]
+    if len(counts) != len(streams) or any(
+        len(r) != len(streams) or any(v not in (0, 1) for v in r) for r in rows
+    ):
+        raise InvalidPFunctionError(
+            f"{KEYSTREAM}: expected 'counts' and every row of 'rows' (0s and 1s) to have one "
+            f"entry per stream ({len(streams)})"
+        )
+    if any(s >= 2**64 for s in streams) or any(c < 1 for c in counts):
+        raise InvalidPFunctionError(f"{KEYSTREAM}: streams below 2^64 and counts >= 1 expected")
+    width = max(sum(c for c, on in zip(counts, r, strict=True) if on) for r in rows)
+    expected_ins = (TensorType(DType.UINT32, (len(streams), 8)),) + (
+        (ROLE_TYPE,) if len(rows) > 1 else ()
+    )
+    expected_out = (TensorType(DType.UINT32, (width, BLOCK_WORDS)),)
+    if pfunc.ins_info != expected_ins or pfunc.outs_info != expected_out:
+        raise InvalidPFunctionError(
+            f"{KEYSTREAM}: expected {', '.join(map(str, expected_ins))} -> {expected_out[0]}, "
+            f"got {pfunc!r}"
+        )
+    if width > MAX_BLOCKS:
+        raise InvalidPFunctionError(
+            f"{KEYSTREAM}: {width} blocks asked for, at most {MAX_BLOCKS} in one call"
+        )
+    return streams, counts, rows, width
+
+
+def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    streams, counts, rows, width = _layout(pfunc)
+    keys = np.asarray(args[0], np.uint32)
+    row = min(max(int(args[1]), 0), len(rows) - 1) if len(rows) > 1 else 0
+    out = np.zeros((width, BLOCK_WORDS), np.uint32)
+    at = 0
+    for i, (stream, count) in enumerate(zip(streams, counts, strict=True)):
+        if rows[row][i]:
+            key = keys[i].astype("<u4").tobytes()
+            out[at : at + count] = keystream_blocks(key, stream, count)
+            at += count
+    return [out]

@@ -1,0 +1,102 @@
+"""The `mpplug.keystream` kernel: RFC 8439 ChaCha20 blocks (checked against an independent
+implementation, itself checked on the RFC's quarter-round vector), each role drawing only the
+streams its row chose, and clear refusals of malformed records."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from mpplug import InvalidPFunctionError, PFunction
+from mpplug.kernels import KernelRuntime, invoke
+from mpplug.kernels.keystream import NONCE_TAG, keystream_blocks, keystream_pfunction
+
+MASK = 0xFFFFFFFF
+
+
+def quarter(s: list[int], a: int, b: int, c: int, d: int) -> None:
+    def rotl(x: int, n: int) -> int:
+        return ((x << n) | (x >> (32 - n))) & MASK
+
+    s[a] = (s[a] + s[b]) & MASK
+    s[d] = rotl(s[d] ^ s[a], 16)
+    s[c] = (s[c] + s[d]) & MASK
+    s[b] = rotl(s[b] ^ s[c], 12)
+    s[a] = (s[a] + s[b]) & MASK
+    s[d] = rotl(s[d] ^ s[a], 8)
+    s[c] = (s[c] + s[d]) & MASK
+    s[b] = rotl(s[b] ^ s[c], 7)
+
+
+def reference_block(key: bytes, counter: int, nonce: tuple[int, int, int]) -> list[int]:
+    """RFC 8439 section 2.3, written out."""
+    state = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574]
+    state += list(struct.unpack("<8I", key)) + [counter, *nonce]
+    s = list(state)
+    for _ in range(10):
+        for q in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)):
+            quarter(s, *q)
+        for q in ((0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
+            quarter(s, *q)
+    return [(x + y) & MASK for x, y in zip(s, state, strict=True)]
+
+
+def test_the_reference_quarter_round_matches_rfc_8439():
+    s = [0x11111111, 0x01020304, 0x9B8D6F43, 0x01234567]
+    quarter(s, 0, 1, 2, 3)
+    assert s == [0xEA2A92F4, 0xCB1CF8CE, 0x4581472E, 0x5881C4BB]  # RFC 8439 section 2.1.1
+
+
+@pytest.mark.parametrize("stream", [0, 1, 2**32 + 7])
+def test_blocks_are_chacha20_with_the_stream_in_the_nonce(stream: int):
+    key = bytes(range(32))
+    got = keystream_blocks(key, stream, 3)
+    nonce = (stream & MASK, stream >> 32, NONCE_TAG)
+    for counter in range(3):
+        assert got[counter].tolist() == reference_block(key, counter, nonce)
+
+
+def run(pfunc: PFunction, *args: np.ndarray) -> np.ndarray:
+    return np.asarray(invoke(pfunc, *args, runtime=KernelRuntime())[0])
+
+
+def test_each_role_draws_only_the_streams_its_row_chose():
+    keys = np.random.default_rng(3).integers(0, 2**32, (3, 8), dtype=np.uint32)
+    counts = [2, 1, 3]
+    rows = [[1, 1, 0], [0, 1, 1], [1, 0, 0]]
+    draw = keystream_pfunction([10, 11, 12], counts, rows)
+    assert draw.outs_info[0].shape == (4, 16)  # the widest row: 1 + 3 blocks
+    blocks = {
+        s: keystream_blocks(keys[i].astype("<u4").tobytes(), s, c)
+        for i, (s, c) in enumerate(zip([10, 11, 12], counts, strict=True))
+    }
+    role0 = run(draw, keys, np.int32(0))
+    np.testing.assert_array_equal(role0[:3], np.concatenate([blocks[10], blocks[11]]))
+    assert not role0[3:].any()
+    role1 = run(draw, keys, np.int32(1))
+    np.testing.assert_array_equal(role1, np.concatenate([blocks[11], blocks[12]]))
+    beyond = run(draw, keys, np.int32(7))  # past the last row: the last row
+    np.testing.assert_array_equal(beyond[:2], blocks[10])
+    assert not beyond[2:].any()
+
+
+def test_malformed_records_are_refused_with_what_is_wrong():
+    good = keystream_pfunction([1, 2], [1, 1], [[1, 1]])
+    keys = np.zeros((2, 8), np.uint32)
+    cases = {
+        "rows": ({"rows": [[1, 2]]}, "0s and 1s"),
+        "counts": ({"counts": [1]}, "one entry per stream"),
+        "streams": ({"streams": [1, -2]}, "non-negative ints"),
+        "huge": ({"counts": [2**30, 1]}, None),
+    }
+    for name, (attrs, message) in cases.items():
+        bad = PFunction(
+            good.fn_type, good.fn_name, b"", good.ins_info, good.outs_info, {**good.attrs, **attrs}
+        )
+        with pytest.raises(InvalidPFunctionError) as info:
+            run(bad, keys)
+        assert "mpplug.keystream" in str(info.value), name
+        if message is not None:
+            assert message in str(info.value), name
