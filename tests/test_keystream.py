@@ -33,7 +33,7 @@ def quarter(s: list[int], a: int, b: int, c: int, d: int) -> None:
 def reference_block(key: bytes, counter: int, nonce: tuple[int, int, int]) -> list[int]:
     """RFC 8439 section 2.3, written out."""
     state = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574]
-    state += list(struct.unpack("<8I", key)) + [counter, *nonce]
+    state += [*struct.unpack("<8I", key), counter, *nonce]
     s = list(state)
     for _ in range(10):
         for q in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)):

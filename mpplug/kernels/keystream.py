@@ -13,6 +13,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -30,11 +31,14 @@ MAX_BLOCKS = 1 << 26
 ROLE_TYPE = TensorType(DType.INT32, ())
 
 
+def _encryptor(key: bytes, stream: int) -> Any:
+    nonce = struct.pack("<IIII", 0, stream & 0xFFFFFFFF, stream >> 32, NONCE_TAG)
+    return Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+
+
 def keystream_blocks(key: bytes, stream: int, count: int) -> np.ndarray:
     """uint32[count, 16]: blocks 0..count-1 of stream `stream` under the 32-byte `key`."""
-    nonce = struct.pack("<IIII", 0, stream & 0xFFFFFFFF, stream >> 32, NONCE_TAG)
-    encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-    data = encryptor.update(bytes(64 * count))
+    data = _encryptor(key, stream).update(bytes(64 * count))
     return np.frombuffer(data, "<u4").reshape(count, BLOCK_WORDS)
 
 
@@ -113,11 +117,25 @@ def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime)
     streams, counts, rows, width = _layout(pfunc)
     keys = np.asarray(args[0], np.uint32)
     row = min(max(int(args[1]), 0), len(rows) - 1) if len(rows) > 1 else 0
-    out = np.zeros((width, BLOCK_WORDS), np.uint32)
+    chosen = [i for i in range(len(streams)) if rows[row][i]]
+    # keystream = ChaCha20 of zeros, written straight into the buffer (one block of slack:
+    # a cipher may ask for room for a block more than it writes)
+    out = _aligned_bytes((width + 1) * 64)
+    zeros = memoryview(bytes(64 * max((counts[i] for i in chosen), default=0)))
     at = 0
-    for i, (stream, count) in enumerate(zip(streams, counts, strict=True)):
-        if rows[row][i]:
-            key = keys[i].astype("<u4").tobytes()
-            out[at : at + count] = keystream_blocks(key, stream, count)
-            at += count
-    return [out]
+    for i in chosen:
+        size = 64 * counts[i]
+        key = keys[i].astype("<u4").tobytes()
+        _encryptor(key, streams[i]).update_into(zeros[:size], out.data[at:])
+        at += size
+    blocks = out[: width * 64].view("<u4").reshape(width, BLOCK_WORDS)
+    # on the party's device once (on a CPU, aligned memory is taken without a copy): every
+    # round that slices the buffer reads it there
+    return [jax.device_put(blocks.astype(np.uint32, copy=False), runtime.resolved_device())]
+
+
+def _aligned_bytes(size: int, alignment: int = 64) -> np.ndarray:
+    """`size` zero bytes starting at a multiple of `alignment`."""
+    raw = np.zeros(size + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start : start + size]

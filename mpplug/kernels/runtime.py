@@ -17,7 +17,10 @@ from mpplug.kernels.datasets import Datasets
 K = TypeVar("K")
 V = TypeVar("V")
 
-DEFAULT_CACHE_SIZE = 256
+DEFAULT_CACHE_SIZE = 2048
+"""Entries a kernel cache holds at most: a program of a few hundred rounds (a secure
+reciprocal, ten unrolled epochs) keeps every executable of its own; what they weigh is bounded
+apart (`jax_exec.executables_budget`)."""
 
 
 class LRUCache(Generic[K, V]):
