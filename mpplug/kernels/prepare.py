@@ -39,6 +39,10 @@ class Preparation:
     """The compiles of one program's functions at one party, started together."""
 
     def __init__(self, pfuncs: Sequence[PFunction], runtime: KernelRuntime) -> None:
+        self.started_ns = self.finished_ns = time.time_ns()
+        """When the compiles started, and when the last one ended (so far)."""
+        self.reported = False
+        """Whether a run has shown these compiles (in a profile) yet."""
         self.futures: list[Future[None]] = []
         for pfunc in dict.fromkeys(pfuncs):
             try:
@@ -47,7 +51,12 @@ class Preparation:
                 continue
             step = getattr(kernel, "prepare", None)
             if step is not None:
-                self.futures.append(_executor().submit(_quietly, step, pfunc, runtime))
+                future = _executor().submit(_quietly, step, pfunc, runtime)
+                future.add_done_callback(self._ended)
+                self.futures.append(future)
+
+    def _ended(self, future: Future[None]) -> None:
+        self.finished_ns = max(self.finished_ns, time.time_ns())
 
     def done(self) -> bool:
         return all(f.done() for f in self.futures)

@@ -18,7 +18,7 @@ from mpplug.kernels.prepare import Preparation
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
 from mpplug.runtime.interpreter import Interpreter
-from mpplug.runtime.profile import Recorder
+from mpplug.runtime.profile import Recorder, Span
 
 DEFAULT_PROGRAM_CACHE = 128
 
@@ -99,14 +99,24 @@ class Party:
         then); returns per-output values (None where not held here). With a `recorder`,
         each step is recorded in it."""
         loaded = self._loaded(digest)
-        if not loaded.preparation.done():
+        preparation = loaded.preparation
+        if not preparation.done():
             graph = loaded.interpreter.graph
-            label = f"party {self.rank}: program {graph.name!r} ({digest[:12]})"
-            if recorder is None:
-                loaded.preparation.wait(label)
-            else:
-                with recorder.span("compile functions", "compile"):
-                    loaded.preparation.wait(label)
+            preparation.wait(f"party {self.rank}: program {graph.name!r} ({digest[:12]})")
+        if not preparation.reported:  # the first run shows the compiles, however early done
+            preparation.reported = True
+            if recorder is not None and preparation.futures:
+                duration = preparation.finished_ns - preparation.started_ns
+                recorder.spans.append(
+                    Span(
+                        self.rank,
+                        "compile functions",
+                        "compile",
+                        preparation.started_ns,
+                        max(duration, 1),
+                        {"functions": len(preparation.futures)},
+                    )
+                )
         return loaded.interpreter.run(
             inputs, self.communicator, exec_id, self.runtime, timeout, recorder
         )
