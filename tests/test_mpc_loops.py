@@ -73,3 +73,11 @@ def test_a_scan_carries_and_stacks_secret_values():
     np.testing.assert_allclose(last, want_last, atol=1e-4)
     np.testing.assert_array_equal(greater, np.asarray(want_greater))
     assert jnp.asarray(greater).dtype == jnp.bool_
+
+
+def test_scan_operand_counts_are_read_from_either_jax_layout():
+    from mpplug.mpc.interpreter import _scan_counts
+
+    assert _scan_counts({"num_consts": 2, "num_carry": 1}) == (2, 1)  # JAX 0.10
+    assert _scan_counts({"ft_in": ((None,), (None, None), ())}) == (1, 2)  # JAX 0.11
+    assert _scan_counts({"ft_in": (None, (None,), ())}) is None  # unknown: a TraceError

@@ -700,8 +700,16 @@ def _scan(it: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
     """`lax.scan`, and `lax.fori_loop` with a static trip count (which JAX writes as a scan),
     unrolled: the body runs `length` times on shares, one iteration after another."""
     params = eqn.params
-    body: ClosedJaxpr = params["jaxpr"]
-    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    body = params["jaxpr"]
+    if not isinstance(body, ClosedJaxpr):  # JAX 0.11 passes a Jaxpr and "ft_in" counts
+        body = ClosedJaxpr(body, ())
+    counts = _scan_counts(params)
+    if counts is None:
+        raise TraceError(
+            f"{it.where}: lax.scan as JAX {jax.__version__} writes it (params "
+            f"{sorted(params)}) is not supported yet; {_UNSUPPORTED_HINT}"
+        )
+    n_consts, n_carry = counts
     consts = values[:n_consts]
     carry = list(values[n_consts : n_consts + n_carry])
     xs = values[n_consts + n_carry :]
@@ -718,6 +726,17 @@ def _scan(it: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
         for k in range(len(eqn.outvars) - n_carry)
     ]
     return [*carry, *ys]
+
+
+def _scan_counts(params: dict[str, Any]) -> tuple[int, int] | None:
+    """(constants, carries) of a scan: JAX 0.10 names them, JAX 0.11 gives "ft_in", a tuple of
+    (constants, carries, scanned) entries (None where that JAX left one out: unknown here)."""
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    groups = params.get("ft_in")
+    if isinstance(groups, tuple) and len(groups) == 3 and all(isinstance(g, tuple) for g in groups):
+        return len(groups[0]), len(groups[1])
+    return None
 
 
 def _row(it: Interpreter, x: Value, t: int) -> Value:
