@@ -17,10 +17,11 @@ from mpplug.kernels.datasets import Datasets
 K = TypeVar("K")
 V = TypeVar("V")
 
-DEFAULT_CACHE_SIZE = 2048
-"""Entries a kernel cache holds at most: a program of a few hundred rounds (a secure
-reciprocal, ten unrolled epochs) keeps every executable of its own; what they weigh is bounded
-apart (`jax_exec.executables_budget`)."""
+DEFAULT_CACHE_SIZE = 1024
+"""Entries a kernel cache holds at most: a program of several hundred rounds (ten unrolled
+epochs of a logistic regression: 640) keeps every executable of its own, and a CPU process
+stays near 20,000 memory maps (17 an executable); what they weigh is bounded apart
+(`jax_exec.executables_budget`)."""
 
 
 class LRUCache(Generic[K, V]):
