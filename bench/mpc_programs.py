@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 import mpplug as mp
 
@@ -76,18 +75,14 @@ def main() -> int:
         with mp.Simulator(3) as sim:
             rows += run(sim, os.getpid(), checkpoints, "Simulator")
         if args.driver:
-            from mpplug.config import ClusterSpec
+            from bench.load import local_cluster
             from mpplug.remote.driver import Driver
-            from mpplug.remote.launch import LocalParties
 
-            config = Path(tmp) / "cluster.yaml"
-            config.write_text(yaml.safe_dump(ClusterSpec.local(3).to_dict()))
-            with LocalParties(config, log_dir=Path(tmp) / "logs") as parties:
-                parties.start()
-                parties.wait_ready()
-                with Driver(config, timeout=120.0) as driver:
-                    pid = parties.processes["P0"].pid
-                    rows += run(driver, pid, checkpoints, "party server P0")
+            with (
+                local_cluster(Path(tmp)) as parties,
+                Driver(Path(tmp) / "cluster.yaml", timeout=120.0) as driver,
+            ):
+                rows += run(driver, parties.processes["P0"].pid, checkpoints, "party server P0")
     return 0 if all(row.endswith("PASS |") for row in rows) else 1
 
 

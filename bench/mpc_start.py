@@ -25,7 +25,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import yaml
 
 import mpplug as mp
 from bench.mpc import RECV_TIMEOUT_S, error, load_spu, program, workloads
@@ -111,9 +110,8 @@ def start_rows(names: list[str], spu: dict[str, Any] | None) -> tuple[list[str],
 def driver_rows(names: list[str]) -> tuple[list[str], bool, dict]:
     """Each workload first on the Simulator, then on a Driver with three local party
     processes; each side with its own empty compile cache."""
-    from mpplug.config import ClusterSpec
+    from bench.load import local_cluster
     from mpplug.remote.driver import Driver
-    from mpplug.remote.launch import LocalParties
 
     head = ["workload", "Simulator first s", "Driver first s", "ratio", "Simulator wall s"]
     head += ["Driver wall s", "ratio", "target"]
@@ -127,13 +125,9 @@ def driver_rows(names: list[str]) -> tuple[list[str], bool, dict]:
             for name in names:
                 sims[name] = first_evaluate(sim, name)
         os.environ["MPPLUG_CACHE_DIR"] = str(root / "parties-cache")  # the parties inherit it
-        config = root / "cluster.yaml"
-        config.write_text(yaml.safe_dump(ClusterSpec.local(3).to_dict()))
-        with LocalParties(config, log_dir=root / "logs") as parties:
-            parties.start()
-            parties.wait_ready()
+        with local_cluster(root):
             os.environ["MPPLUG_CACHE_DIR"] = str(root / "driver-cache")
-            with Driver(config, timeout=RECV_TIMEOUT_S) as driver:
+            with Driver(root / "cluster.yaml", timeout=RECV_TIMEOUT_S) as driver:
                 for name in names:
                     d, s = first_evaluate(driver, name), sims[name]
                     raw[name] = {"simulator": s, "driver": d}

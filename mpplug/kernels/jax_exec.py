@@ -62,14 +62,13 @@ class CompiledExport:
     cache), ready to call.
 
     `call(*args)` returns the flat tuple of outputs, with x64 enabled around the call when the
-    artifact needs it; `from_disk` says the executable came from the persistent cache.
+    artifact needs it.
     """
 
     call: Callable[..., tuple[Any, ...]]
     size: int
     """Bytes of the serialized executable (1 where the backend cannot serialize): what the
     executable caches weigh it by, as its code and the memory maps it takes grow with it."""
-    from_disk: bool = False
 
 
 def supported_calling_conventions() -> range:
@@ -239,7 +238,7 @@ def _from_disk(pfunc: PFunction, payload: bytes, device: Any) -> CompiledExport 
     except Exception as exc:
         log.warning("%s: cached executable not loaded (%s); compiling", _where(pfunc), exc)
         return None
-    return CompiledExport(_executable_call(executable, device, pfunc), len(payload), from_disk=True)
+    return CompiledExport(_executable_call(executable, device, pfunc), len(payload))
 
 
 def _executable_call(executable: Any, device: Any, pfunc: PFunction) -> Callable[..., Any]:
