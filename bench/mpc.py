@@ -15,6 +15,8 @@ Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held b
   then all the program's SHUFFLE ops (with seal, key setup, reveal, and those that move
   nothing, e.g. seal's converge and reveal's own-pair step). The mpc.run part is
   found by tagging: SHUFFLEs fed by a CALL whose PFunction `rounds.record_rounds` named "mpc.*".
+  A SHUFFLE in a loop's body (`mp.fori_loop`) counts once per iteration, and the loop's depth
+  is its body's times its trip count.
 - bytes/party: for each moving route of those SHUFFLEs, the op's output nbytes, charged to the
   sender; mean and max over the 3 parties. Seal, key setup and reveal are excluded, as SPU's
   link counters exclude input sharing and output reconstruction.
@@ -48,6 +50,7 @@ import numpy as np
 import mpplug as mp
 from bench.timing import samples
 from mpplug.core.graph import OpKind
+from mpplug.kernels.builtin import CONSTANT, COUNTER
 
 REPEATS = 3
 WARMUP = 1
@@ -215,30 +218,63 @@ def comm_stats(graph: Any, parties: int) -> Comm:
         bytes_sent=dict.fromkeys(range(parties), 0),
         total_bytes_sent=dict.fromkeys(range(parties), 0),
     )
+    comm.depth = _block_stats(graph, graph, comm, 1, {})
+    return comm
+
+
+def _block_stats(graph: Any, block: Any, comm: Comm, times: int, start: dict[Any, int]) -> int:
+    """Adds `block`'s SHUFFLEs, run `times` times, to `comm`; returns its depth, counted from
+    `start` (the depth of each of its inputs, by the op that makes it)."""
     depth: dict[int, int] = {}
-    for op in graph.ops:
-        deepest = max((depth[ref.op] for ref in op.inputs), default=0)
+    by_id = {o.id: o for o in block.ops}
+    for op in block.ops:
+        deepest = max((depth.get(ref.op, 0) for ref in op.inputs), default=0)
+        if op.kind is OpKind.INPUT:
+            deepest = start.get(op.input_index, 0)
         depth[op.id] = deepest
+        if op.kind is OpKind.WHILE:
+            trips = _trips(graph, block, op)
+            body = op.regions[1]
+            inner = _block_stats(graph, body, comm, times * trips, {})
+            depth[op.id] = deepest + inner * trips
+            continue
         if op.kind is not OpKind.SHUFFLE:
             continue
-        comm.total_shuffles += 1
+        comm.total_shuffles += times
         moving = [(dst, src) for dst, src in op.routes if dst != src]
-        nbytes = op.outs[0].nbytes
+        nbytes = op.outs[0].nbytes * times
         for _, src in moving:
             comm.total_bytes_sent[src] += nbytes
-        feeder = graph.ops[op.inputs[0].op] if op.inputs else None
+        feeder = by_id.get(op.inputs[0].op) if op.inputs else None
         in_mpc = (
             feeder is not None
             and feeder.kind is OpKind.CALL
             and graph.functions[feeder.function].fn_name.startswith(MPC_PREFIX)
         )
         if in_mpc and moving:
-            comm.shuffles += 1
+            comm.shuffles += times
             depth[op.id] = deepest + 1
             for _, src in moving:
                 comm.bytes_sent[src] += nbytes
-    comm.depth = max(depth.values(), default=0)
-    return comm
+    return max(depth.values(), default=0)
+
+
+def _trips(graph: Any, block: Any, loop: Any) -> int:
+    """The trip count of an `mp.fori_loop`: its constant start and its counter's stop."""
+    ops = {o.id: o for o in block.ops}
+    first = ops.get(loop.inputs[0].op)
+    stops = [
+        graph.functions[o.function].attrs["stop"]
+        for o in loop.regions[1].ops
+        if o.kind is OpKind.CALL and graph.functions[o.function].fn_type == COUNTER
+    ]
+    if first is None or first.kind is not OpKind.CALL or len(stops) != 1:
+        raise ValueError(f"bench.mpc counts only mp.fori_loop loops, got {loop.label}")
+    pfunc = graph.functions[first.function]
+    if pfunc.fn_type != CONSTANT:
+        raise ValueError(f"bench.mpc counts only loops with a constant start, got {loop.label}")
+    lower = int(np.frombuffer(pfunc.fn_body, np.int32)[0])
+    return max(int(stops[0]) - lower, 0)
 
 
 # ---------------------------------------------------------------- running

@@ -100,3 +100,33 @@ def test_malformed_records_are_refused_with_what_is_wrong():
         assert "mpplug.keystream" in str(info.value), name
         if message is not None:
             assert message in str(info.value), name
+
+
+def test_iteration_t_of_a_loop_draws_its_streams_moved_on_by_t_strides():
+    keys = np.random.default_rng(5).integers(0, 2**32, (2, 8), dtype=np.uint32)
+    draw = keystream_pfunction([40, 41], [1, 2], [[1, 1]], stride=2)
+    assert draw.attrs["stride"] == 2 and len(draw.ins_info) == 2
+    for t in (0, 3):
+        want = [
+            keystream_blocks(keys[i].astype("<u4").tobytes(), 40 + i + 2 * t, c)
+            for i, c in enumerate((1, 2))
+        ]
+        np.testing.assert_array_equal(run(draw, keys, np.int32(t)), np.concatenate(want))
+    with pytest.raises(InvalidPFunctionError, match="iteration >= 0"):
+        run(draw, keys, np.int32(-1))
+    bad = PFunction(
+        draw.fn_type, draw.fn_name, b"", draw.ins_info, draw.outs_info, {**draw.attrs, "stride": 0}
+    )
+    with pytest.raises(InvalidPFunctionError, match="'stride'"):
+        run(bad, keys, np.int32(0))
+    unstepped = keystream_pfunction([40, 41], [1, 2], [[1, 1]])
+    stepped_types = PFunction(
+        unstepped.fn_type,
+        unstepped.fn_name,
+        b"",
+        unstepped.ins_info,
+        unstepped.outs_info,
+        {**unstepped.attrs, "stride": 2},
+    )
+    with pytest.raises(InvalidPFunctionError, match="expected"):
+        run(stepped_types, keys)

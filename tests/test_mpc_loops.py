@@ -1,15 +1,22 @@
-"""Loops inside `mp.mpc.run`: `lax.fori_loop` with a static trip count and `lax.scan` run on
-shares, unrolled, and compute what the unrolled Python loop and plain JAX compute."""
+"""Loops inside `mp.mpc.run`: `lax.fori_loop` with a static trip count and `lax.scan` run as
+loops of the share program (traced and compiled once, whatever the trip count), compute what
+the unrolled Python loop and plain JAX compute, and draw fresh randomness every iteration."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import mpplug as mp
+from mpplug.core.graph import OpKind
+from mpplug.kernels import keystream
+from mpplug.mpc import trace_cache
+from mpplug.mpc.recording import Loop, Recording
 
 rng = np.random.default_rng(7)
 X = rng.normal(size=(40, 3))
@@ -39,11 +46,11 @@ def secure(fn: Any) -> mp.MPFunction:
     return program
 
 
-def test_a_fori_loop_computes_what_the_unrolled_loop_does():
-    with mp.Simulator(3) as sim:
-        args = [sim.put(i, v) for i, v in enumerate((X, Y, W))]
-        looped = sim.fetch(sim.evaluate(secure(with_fori), *args), party=0)
-        plain = sim.fetch(sim.evaluate(secure(unrolled), *args), party=0)
+def test_a_fori_loop_computes_what_the_unrolled_loop_does(make_cluster):
+    cluster = make_cluster(3, timeout=120.0)
+    args = [cluster.put(i, v) for i, v in enumerate((X, Y, W))]
+    looped = cluster.fetch(cluster.evaluate(secure(with_fori), *args), party=0)
+    plain = cluster.fetch(cluster.evaluate(secure(unrolled), *args), party=0)
     want = np.asarray(jax.jit(unrolled)(X, Y, W))
     np.testing.assert_allclose(looped, want, atol=2e-3)
     np.testing.assert_allclose(looped, plain, atol=2e-3)
@@ -81,3 +88,85 @@ def test_scan_operand_counts_are_read_from_either_jax_layout():
     assert _scan_counts({"num_consts": 2, "num_carry": 1}) == (2, 1)  # JAX 0.10
     assert _scan_counts({"ft_in": ((None,), (None, None), ())}) == (1, 2)  # JAX 0.11
     assert _scan_counts({"ft_in": (None, (None,), ())}) is None  # unknown: a TraceError
+
+
+def looping(n: int) -> mp.MPFunction:
+    return secure(lambda x, y, w: jax.lax.fori_loop(0, n, lambda i, w: step(x, y, w), w))
+
+
+def compiled(fn: mp.MPFunction) -> Any:
+    types = [mp.TensorType("float32", v.shape) for v in (X, Y, W)]
+    return mp.compile(fn, *(mp.MPObject(t, {i}) for i, t in enumerate(types)), world_size=3)
+
+
+def test_a_ten_iteration_loop_compiles_the_functions_of_a_one_iteration_loop():
+    once, ten = compiled(looping(1)).graph, compiled(looping(10)).graph
+    assert len(ten.functions) == len(once.functions) > 0
+    assert {f.fn_body for f in ten.functions} == {f.fn_body for f in once.functions}
+    assert sum(op.kind is OpKind.WHILE for op in ten.ops) == 1  # the loop, kept a loop
+    fixed = compiled(secure(unrolled)).graph  # three steps written out: three times the work
+    assert len(fixed.functions) > len(once.functions)
+
+
+def test_a_loop_carries_secret_bits_public_counts_and_promoted_publics():
+    def fn(x: Any) -> Any:
+        def body(i: Any, carry: Any) -> Any:
+            flag, count, total = carry
+            flag = flag & (x[i] > -1.0)  # boolean shares, carried as such
+            total = total + jnp.where(flag, x[i], 0.0)  # starts public, carried secret
+            return flag, count + i, total
+
+        return jax.lax.fori_loop(0, 5, body, (x[0] < 10.0, 0, 0.0))
+
+    xs = np.array([0.5, 2.25, -0.5, -1.5, 4.0])
+
+    @mp.function
+    def program(v: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(fn, mp.mpc.seal(v)), to=0)
+
+    with mp.Simulator(3) as sim:
+        flag, count, total = sim.fetch(sim.evaluate(program, sim.put(0, xs)), party=0)
+    want_flag, want_count, want_total = jax.jit(fn)(xs)
+    assert bool(flag) == bool(want_flag) is False
+    assert int(count) == int(want_count) == 10
+    np.testing.assert_allclose(total, want_total, atol=1e-4)
+    assert float(want_total) == pytest.approx(2.25)
+
+
+def test_every_iteration_draws_streams_no_other_draws(monkeypatch: pytest.MonkeyPatch):
+    drawn: Counter[tuple[bytes, int]] = Counter()
+    encryptor = keystream._encryptor
+
+    def counting(key: bytes, stream: int) -> Any:
+        drawn[key, stream] += 1
+        return encryptor(key, stream)
+
+    monkeypatch.setattr(keystream, "_encryptor", counting)
+    totals = []
+    with mp.Simulator(3) as sim:
+        args = [sim.put(i, v) for i, v in enumerate((X, Y, W))]
+        for n in (1, 4):
+            drawn.clear()
+            sim.fetch(sim.evaluate(looping(n), *args), party=0)
+            # a pair of roles shares each key: a (key, stream) is drawn by at most two parties
+            assert max(drawn.values()) <= 2
+            totals.append(len(drawn))
+    once, four = totals
+    seal = 2 * 3 * 2  # three seals, two streams each under a fresh key, at two parties each
+    assert four - seal == pytest.approx(4 * (once - seal), rel=0.05)
+
+
+def test_a_recorded_loop_survives_its_bytes(monkeypatch: pytest.MonkeyPatch):
+    stored: list[Recording] = []
+    monkeypatch.setattr(trace_cache, "store", lambda key, recording: stored.append(recording))
+    monkeypatch.setattr(trace_cache, "load", lambda key: None)
+    compiled(looping(3))
+    (recording,) = stored
+    (loop,) = [s for s in recording.steps if isinstance(s, Loop)]
+    assert loop.length == 3 and len(recording.bodies) == 1
+    data = recording.to_bytes()
+    again = Recording.from_bytes(data)
+    assert again.to_bytes() == data and again.steps == recording.steps
+    broken = Recording(recording.n_inputs, recording.functions, recording.steps, bodies=[])
+    with pytest.raises(ValueError, match="names no recorded body"):
+        broken.check()

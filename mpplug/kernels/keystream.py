@@ -29,6 +29,7 @@ NONCE_TAG = 0x6D70706C
 MAX_BLOCKS = 1 << 26
 """At most 4 GiB of keystream in one call."""
 ROLE_TYPE = TensorType(DType.INT32, ())
+ITERATION_TYPE = TensorType(DType.INT32, ())
 
 
 def _encryptor(key: bytes, stream: int) -> Any:
@@ -50,21 +51,28 @@ def stream_offsets(counts: Sequence[int], rows: Sequence[Sequence[int]]) -> np.n
 
 
 def keystream_pfunction(
-    streams: Sequence[int], counts: Sequence[int], rows: Sequence[Sequence[int]]
+    streams: Sequence[int],
+    counts: Sequence[int],
+    rows: Sequence[Sequence[int]],
+    stride: int | None = None,
 ) -> PFunction:
-    """(keys u32[S, 8][, role i32[]]) -> u32[width, 16]: the blocks of the streams row `role`
-    chose (1s in `rows[role]`; a role past the last row takes the last), stream i's `counts[i]`
-    blocks under key i from its row's offset, laid end to end; the rest is zeros. Without
-    several rows there is no role input."""
+    """(keys u32[S, 8][, role i32[]][, iteration i32[]]) -> u32[width, 16]: the blocks of the
+    streams row `role` chose (1s in `rows[role]`; a role past the last row takes the last),
+    stream i's `counts[i]` blocks under key i from its row's offset, laid end to end; the rest
+    is zeros. Without several rows there is no role input. With a `stride`, iteration t of a
+    loop draws stream `streams[i] + t * stride` in place of `streams[i]` (t >= 0)."""
     width = max(sum(c for c, on in zip(counts, row, strict=True) if on) for row in rows)
     ins = [TensorType(DType.UINT32, (len(streams), 8))]
     if len(rows) > 1:
         ins.append(ROLE_TYPE)
-    attrs = {
+    attrs: dict[str, Any] = {
         "streams": [int(s) for s in streams],
         "counts": [int(c) for c in counts],
         "rows": [[int(bool(on)) for on in row] for row in rows],
     }
+    if stride is not None:
+        ins.append(ITERATION_TYPE)
+        attrs["stride"] = int(stride)
     out = TensorType(DType.UINT32, (width, BLOCK_WORDS))
     return PFunction(KEYSTREAM, "keystream", b"", tuple(ins), (out,), attrs)
 
@@ -81,8 +89,17 @@ def _ints(pfunc: PFunction, name: str) -> list[int]:
     return list(value)
 
 
-def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], int]:
+def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], int, int | None]:
     streams, counts = _ints(pfunc, "streams"), _ints(pfunc, "counts")
+    stride = pfunc.attrs.get("stride")
+    if stride is not None and (
+        not isinstance(stride, int) or isinstance(stride, bool) or not 1 <= stride < 2**32
+    ):
+        raise InvalidPFunctionError(
+            f"{KEYSTREAM}: expected attribute 'stride' to be an int in 1..2^32-1, got {stride!r}"[
+                :300
+            ]
+        )
     rows_attr = pfunc.attrs.get("rows")
     if not isinstance(rows_attr, list | tuple) or not rows_attr:
         raise InvalidPFunctionError(f"{KEYSTREAM}: expected a non-empty list attribute 'rows'")
@@ -97,8 +114,10 @@ def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], in
     if any(s >= 2**64 for s in streams) or any(c < 1 for c in counts):
         raise InvalidPFunctionError(f"{KEYSTREAM}: streams below 2^64 and counts >= 1 expected")
     width = max(sum(c for c, on in zip(counts, r, strict=True) if on) for r in rows)
-    expected_ins = (TensorType(DType.UINT32, (len(streams), 8)),) + (
-        (ROLE_TYPE,) if len(rows) > 1 else ()
+    expected_ins = (
+        (TensorType(DType.UINT32, (len(streams), 8)),)
+        + ((ROLE_TYPE,) if len(rows) > 1 else ())
+        + ((ITERATION_TYPE,) if stride is not None else ())
     )
     expected_out = (TensorType(DType.UINT32, (width, BLOCK_WORDS)),)
     if pfunc.ins_info != expected_ins or pfunc.outs_info != expected_out:
@@ -110,13 +129,20 @@ def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], in
         raise InvalidPFunctionError(
             f"{KEYSTREAM}: {width} blocks asked for, at most {MAX_BLOCKS} in one call"
         )
-    return streams, counts, rows, width
+    return streams, counts, rows, width, stride
 
 
 def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
-    streams, counts, rows, width = _layout(pfunc)
+    streams, counts, rows, width, stride = _layout(pfunc)
     keys = np.asarray(args[0], np.uint32)
     row = min(max(int(args[1]), 0), len(rows) - 1) if len(rows) > 1 else 0
+    if stride is not None:
+        iteration = int(args[-1])
+        if iteration < 0:
+            raise InvalidPFunctionError(f"{KEYSTREAM}: expected an iteration >= 0, got {iteration}")
+        streams = [s + iteration * stride for s in streams]
+        if any(s >= 2**64 for s in streams):
+            raise InvalidPFunctionError(f"{KEYSTREAM}: iteration {iteration} runs past stream 2^64")
     chosen = [i for i in range(len(streams)) if rows[row][i]]
     # keystream = ChaCha20 of zeros, written straight into the buffer (one block of slack:
     # a cipher may ask for room for a block more than it writes)

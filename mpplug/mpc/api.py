@@ -25,6 +25,7 @@ from mpplug.kernels.builtin import check_range_pfunction
 from mpplug.mpc import ring, trace_cache
 from mpplug.mpc.aby3 import ABY3
 from mpplug.mpc.interpreter import Interpreter, Secret, is_float
+from mpplug.mpc.loops import Looping
 from mpplug.mpc.protocol import TRUNCATIONS, Context, Protocol
 from mpplug.mpc.recording import Recording
 from mpplug.mpc.rounds import record_rounds
@@ -320,7 +321,7 @@ def _record(
 
     def share_program(role: Any, keys: Any, *inputs: Any) -> list[Any]:
         ctx = Context(role, keys, first.frac_bits, state.next_stream, first.truncation)
-        interpreter = Interpreter(proto, ctx, where)
+        interpreter = Interpreter(proto, ctx, where, Looping(name, platforms))
         secrets = iter(inputs[:n_secret])
         publics = iter(inputs[n_secret:])
         values = []

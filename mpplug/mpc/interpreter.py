@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,9 @@ from mpplug.errors import TraceError
 from mpplug.mpc import approx, ring
 from mpplug.mpc.fixed import Fxp
 from mpplug.mpc.protocol import Context, Protocol, Shares
+
+if TYPE_CHECKING:
+    from mpplug.mpc.loops import Looping
 
 
 @dataclass(frozen=True)
@@ -96,11 +99,15 @@ def rule(*names: str) -> Callable[[Rule], Rule]:
 class Interpreter:
     """Evaluates jaxprs on shares for one share program."""
 
-    def __init__(self, protocol: Protocol, ctx: Context, where: str) -> None:
+    def __init__(
+        self, protocol: Protocol, ctx: Context, where: str, loops: Looping | None = None
+    ) -> None:
         self.protocol = protocol
         self.ctx = ctx
         self.fx = Fxp(protocol, ctx)
         self.where = where
+        self.loops = loops
+        """Makes scans loops of the share program; None: scans are unrolled."""
 
     # -- conversions ------------------------------------------------------------------------
 
@@ -697,8 +704,9 @@ def _clamp(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 
 @rule("scan")
 def _scan(it: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
-    """`lax.scan`, and `lax.fori_loop` with a static trip count (which JAX writes as a scan),
-    unrolled: the body runs `length` times on shares, one iteration after another."""
+    """`lax.scan`, and `lax.fori_loop` with a static trip count (which JAX writes as a scan):
+    a loop of the share program (see `loops`), or unrolled inside a loop's body (the body
+    runs `length` times on shares, one iteration after another)."""
     params = eqn.params
     body = params["jaxpr"]
     if not isinstance(body, ClosedJaxpr):  # JAX 0.11 passes a Jaxpr and "ft_in" counts
@@ -709,6 +717,8 @@ def _scan(it: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
             f"{it.where}: lax.scan as JAX {jax.__version__} writes it (params "
             f"{sorted(params)}) is not supported yet; {_UNSUPPORTED_HINT}"
         )
+    if it.loops is not None and params["length"] > 0:
+        return it.loops.scan(it, eqn, body, counts, values)
     n_consts, n_carry = counts
     consts = values[:n_consts]
     carry = list(values[n_consts : n_consts + n_carry])

@@ -1,5 +1,6 @@
-"""A share program's emission as data: the PFunctions of its rounds and the CALL and SHUFFLE
-steps that wire them, so that a traced `mp.mpc.run` is stored once and replayed into programs.
+"""A share program's emission as data: the PFunctions of its rounds and the CALL, SHUFFLE and
+LOOP steps that wire them, so that a traced `mp.mpc.run` is stored once and replayed into
+programs.
 
 Values are numbered: the share program's inputs first, then each step's results in order.
 """
@@ -15,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from mpplug.core import PFunction
+from mpplug.frontend.control import fori_loop
 from mpplug.frontend.primitives import run_pfunc, shuffle_static
 from mpplug.frontend.tracer import TracedValue
 
-_MAGIC = b"MPREC001"
+_MAGIC = b"MPREC002"
 
 
 @dataclass(frozen=True)
@@ -39,23 +41,45 @@ class Shuffle:
     sources: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Loop:
+    """Run `bodies[body]` `length` times, on (iteration, *`invariants`, *carry) with the carry
+    starting at `carry` and replaced by the body's outputs; it makes the final carry."""
+
+    body: int
+    invariants: tuple[int, ...]
+    carry: tuple[int, ...]
+    length: int
+
+
+Step = Call | Shuffle | Loop
+
+
+def _results(step: Step) -> int:
+    if isinstance(step, Call):
+        return step.results
+    if isinstance(step, Loop):
+        return len(step.carry)
+    return 1
+
+
 @dataclass
 class Recording:
     """What `mp.mpc.run` appends to a program, and what it returns: `outputs` (value numbers)
-    with their logical `metas` (shape, dtype, boolean). `streams` PRF streams were named."""
+    with their logical `metas` (shape, dtype, boolean). `streams` PRF streams were named.
+    `bodies` are the recordings of its loops' bodies (with no metas)."""
 
     n_inputs: int
     functions: list[PFunction] = field(default_factory=list)
-    steps: list[Call | Shuffle] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     metas: list[tuple[tuple[int, ...], np.dtype[Any], bool]] = field(default_factory=list)
     streams: int = 0
+    bodies: list[Recording] = field(default_factory=list)
     _count: int = 0
 
     def __post_init__(self) -> None:
-        self._count = self.n_inputs + sum(
-            s.results if isinstance(s, Call) else 1 for s in self.steps
-        )
+        self._count = self.n_inputs + sum(_results(s) for s in self.steps)
 
     def call(self, pfunc: PFunction, args: Sequence[int]) -> list[int]:
         """Record a call; returns the numbers of its results."""
@@ -71,6 +95,16 @@ class Recording:
         self._count += 1
         return self._count - 1
 
+    def loop(
+        self, body: Recording, invariants: Sequence[int], carry: Sequence[int], length: int
+    ) -> list[int]:
+        """Record a loop of `body` (see `Loop`); returns the numbers of its results."""
+        self.bodies.append(body)
+        self.steps.append(Loop(len(self.bodies) - 1, tuple(invariants), tuple(carry), length))
+        first = self._count
+        self._count += len(carry)
+        return list(range(first, self._count))
+
     def replay(self, inputs: Sequence[TracedValue], parties: Sequence[int]) -> list[TracedValue]:
         """Append the steps to the program being traced, on `inputs`, with role i at
         `parties[i]`; returns the program values of `outputs`."""
@@ -81,6 +115,8 @@ class Recording:
             if isinstance(step, Call):
                 args = [values[i] for i in step.args]
                 values += run_pfunc(self.functions[step.function], *args, parties=list(parties))
+            elif isinstance(step, Loop):
+                values += self._replay_loop(step, values, parties)
             else:
                 routes: dict[int | str, int | str] = {
                     parties[d]: parties[s] for d, s in enumerate(step.sources)
@@ -88,24 +124,31 @@ class Recording:
                 values.append(shuffle_static(values[step.arg], routes))
         return [values[i] for i in self.outputs]
 
+    def _replay_loop(
+        self, step: Loop, values: list[TracedValue], parties: Sequence[int]
+    ) -> list[TracedValue]:
+        body = self.bodies[step.body]
+        invariants = [values[i] for i in step.invariants]
+
+        def iterate(i: TracedValue, carry: list[TracedValue]) -> list[TracedValue]:
+            return body.replay([i, *invariants, *carry], parties)
+
+        return list(fori_loop(0, step.length, iterate, [values[i] for i in step.carry]))
+
     def to_bytes(self) -> bytes:
         header = {
             "n_inputs": self.n_inputs,
-            "steps": [
-                ["call", s.function, list(s.args), s.results]
-                if isinstance(s, Call)
-                else ["shuffle", s.arg, list(s.sources)]
-                for s in self.steps
-            ],
+            "steps": [_step_json(s) for s in self.steps],
             "outputs": self.outputs,
             "metas": [[list(shape), dtype.str, boolean] for shape, dtype, boolean in self.metas],
             "streams": self.streams,
         }
         text = json.dumps(header, separators=(",", ":")).encode()
-        parts = [_MAGIC, struct.pack("<QQ", len(text), len(self.functions)), text]
-        for pfunc in self.functions:
-            body = pfunc.to_bytes()
-            parts += [struct.pack("<Q", len(body)), body]
+        parts = [_MAGIC, struct.pack("<QQQ", len(text), len(self.functions), len(self.bodies))]
+        parts.append(text)
+        blobs = [f.to_bytes() for f in self.functions] + [b.to_bytes() for b in self.bodies]
+        for blob in blobs:
+            parts += [struct.pack("<Q", len(blob)), blob]
         return b"".join(parts)
 
     @classmethod
@@ -113,29 +156,24 @@ class Recording:
         """Parse `to_bytes()` output; ValueError (or a parse error) on anything else."""
         if data[:8] != _MAGIC:
             raise ValueError("not a share program recording")
-        size, n_functions = struct.unpack_from("<QQ", data, 8)
-        at = 24 + size
-        header = json.loads(data[24:at])
-        functions = []
-        for _ in range(n_functions):
+        size, n_functions, n_bodies = struct.unpack_from("<QQQ", data, 8)
+        at = 32 + size
+        header = json.loads(data[32:at])
+        blobs = []
+        for _ in range(n_functions + n_bodies):
             (length,) = struct.unpack_from("<Q", data, at)
-            functions.append(PFunction.from_bytes(data[at + 8 : at + 8 + length]))
+            blobs.append(data[at + 8 : at + 8 + length])
             at += 8 + length
         if at != len(data):
             raise ValueError("trailing bytes after a share program recording")
-        steps: list[Call | Shuffle] = [
-            Call(int(s[1]), tuple(map(int, s[2])), int(s[3]))
-            if s[0] == "call"
-            else Shuffle(int(s[1]), tuple(map(int, s[2])))
-            for s in header["steps"]
-        ]
         recording = cls(
             int(header["n_inputs"]),
-            functions,
-            steps,
+            [PFunction.from_bytes(b) for b in blobs[:n_functions]],
+            [_step_from_json(s) for s in header["steps"]],
             [int(i) for i in header["outputs"]],
             [(tuple(map(int, m[0])), np.dtype(m[1]), bool(m[2])) for m in header["metas"]],
             int(header["streams"]),
+            [cls.from_bytes(b) for b in blobs[n_functions:]],
         )
         recording.check()
         return recording
@@ -144,14 +182,41 @@ class Recording:
         """Every step reads only values made before it, and calls a recorded function."""
         made = self.n_inputs
         for step in self.steps:
-            reads = step.args if isinstance(step, Call) else (step.arg,)
+            if isinstance(step, Call):
+                reads = step.args
+            elif isinstance(step, Loop):
+                reads = step.invariants + step.carry
+            else:
+                reads = (step.arg,)
             if any(not 0 <= i < made for i in reads):
                 raise ValueError("a recorded step reads a value not made yet")
-            if isinstance(step, Call):
-                if not 0 <= step.function < len(self.functions):
-                    raise ValueError("a recorded call names no recorded function")
-                made += step.results
-            else:
-                made += 1
-        if any(not 0 <= i < made for i in self.outputs) or len(self.metas) != len(self.outputs):
+            if isinstance(step, Call) and not 0 <= step.function < len(self.functions):
+                raise ValueError("a recorded call names no recorded function")
+            if isinstance(step, Loop):
+                if not 0 <= step.body < len(self.bodies):
+                    raise ValueError("a recorded loop names no recorded body")
+                body = self.bodies[step.body]
+                if body.n_inputs != 1 + len(reads) or len(body.outputs) != len(step.carry):
+                    raise ValueError("a recorded loop does not match its body")
+            made += _results(step)
+        metas = len(self.metas) in (0, len(self.outputs))  # a loop's body has none
+        if any(not 0 <= i < made for i in self.outputs) or not metas:
             raise ValueError("recorded outputs do not match the steps")
+
+
+def _step_json(step: Step) -> list[Any]:
+    if isinstance(step, Call):
+        return ["call", step.function, list(step.args), step.results]
+    if isinstance(step, Loop):
+        return ["loop", step.body, list(step.invariants), list(step.carry), step.length]
+    return ["shuffle", step.arg, list(step.sources)]
+
+
+def _step_from_json(s: list[Any]) -> Step:
+    if s[0] == "call":
+        return Call(int(s[1]), tuple(map(int, s[2])), int(s[3]))
+    if s[0] == "loop":
+        return Loop(int(s[1]), tuple(map(int, s[2])), tuple(map(int, s[3])), int(s[4]))
+    if s[0] == "shuffle":
+        return Shuffle(int(s[1]), tuple(map(int, s[2])))
+    raise ValueError(f"unknown recorded step {s[0]!r}")

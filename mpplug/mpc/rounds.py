@@ -2,10 +2,11 @@
 split of that program into one fused PFunction per round with SHUFFLEs between them.
 
 A protocol writes what every computing party does as one JAX function (SPMD over roles) in
-which `exchange` is the only communication. `emit_rounds` schedules each equation into a
+which `exchange` is the only communication. `record_rounds` schedules each equation into a
 round (exchanges as early as possible, local work as late as possible), packs the messages of
 one round and one route pattern into a single uint64 vector, exports each round's local work
-once and records the CALL and SHUFFLE steps that wire them (see `recording`).
+once and records the CALL and SHUFFLE steps that wire them (see `recording`). A loop of the
+share program (`loop`, made by `loops`) stands between two rounds, like a message.
 """
 
 from __future__ import annotations
@@ -43,6 +44,30 @@ def _exchange_impl(x: Any, *, sources: tuple[int, ...], tag: str) -> Any:
 def exchange(x: jnp.ndarray, sources: Sequence[int], tag: str) -> jnp.ndarray:
     """Route `x` between the computing roles: role d gets role `sources[d]`'s value."""
     return exchange_p.bind(x, sources=tuple(sources), tag=tag)
+
+
+@dataclass(frozen=True, eq=False)
+class Body:
+    """A loop's body, recorded: inputs (iteration, *invariants, *carry), outputs the carry."""
+
+    recording: Recording
+    n_invariants: int
+
+
+loop_p = Primitive("mpc_loop")
+"""`loop(*invariants, *carry, body=Body, length=n, out=avals)`: the carry after `n` runs of
+`body` (made by `loops`); it stands between two rounds of a share program, as a message."""
+loop_p.multiple_results = True
+
+
+@loop_p.def_abstract_eval
+def _loop_abstract(*args: Any, body: Body, length: int, out: tuple[Any, ...]) -> list[Any]:
+    return [jax.core.ShapedArray(a.shape, a.dtype) for a in out]
+
+
+@loop_p.def_impl
+def _loop_impl(*args: Any, body: Body, length: int, out: tuple[Any, ...]) -> Any:
+    raise RuntimeError("mpc loop runs only inside a traced share program (mp.mpc.run)")
 
 
 @dataclass
@@ -104,7 +129,7 @@ def plan_rounds(jaxpr: Jaxpr) -> RoundPlan:
     for i, eqn in enumerate(eqns):
         start = max((ready.get(v, 0) for v in eqn.invars if _is_var(v)), default=0)
         asap[i] = start
-        done = start + 1 if eqn.primitive is exchange_p else start
+        done = start + 1 if eqn.primitive in (exchange_p, loop_p) else start
         for v in eqn.outvars:
             ready[v] = done
     rounds = max((ready.get(v, 0) for v in jaxpr.outvars if _is_var(v)), default=0)
@@ -112,7 +137,7 @@ def plan_rounds(jaxpr: Jaxpr) -> RoundPlan:
     level: dict[int, int] = {}
     for i in reversed(range(len(eqns))):
         eqn = eqns[i]
-        if eqn.primitive is exchange_p or eqn.primitive is prf_p:
+        if eqn.primitive in (exchange_p, prf_p, loop_p):
             level[i] = asap[i]  # randomness comes first, all of it in one batched call
         else:
             level[i] = min((use[v] for v in eqn.outvars if v in use), default=asap[i])
@@ -159,10 +184,13 @@ def record_rounds(
     input_types: Sequence[jax.ShapeDtypeStruct],
     name: str,
     platforms: Sequence[str] | None,
+    iteration: tuple[int, int] | None = None,
 ) -> Recording:
     """Split the share program `closed` (run by every computing party) into rounds: round
-    r's local work is one PFunction, the same bytes at every party, and each message of round
-    r one SHUFFLE. Returns them as a `Recording` (inputs: `closed`'s arguments)."""
+    r's local work is one PFunction, the same bytes at every party, each message of round r
+    one SHUFFLE and each loop one LOOP. Returns them as a `Recording` (inputs: `closed`'s
+    arguments). A loop's body gives `iteration` = (its iteration input, the streams one
+    iteration draws): its PRF streams move on by that many each iteration."""
     jaxpr = closed.jaxpr
     plan = plan_rounds(jaxpr)
     consts = dict(zip(jaxpr.constvars, closed.consts, strict=True))
@@ -176,11 +204,17 @@ def record_rounds(
     packed: dict[int, int] = {}
     last_use = _last_use(plan, jaxpr)
     local: dict[int, list[JaxprEqn]] = defaultdict(list)
+    loops: dict[int, list[JaxprEqn]] = defaultdict(list)
     for i, eqn in enumerate(plan.eqns):
-        if eqn.primitive is not exchange_p:
+        if eqn.primitive is loop_p:
+            loops[plan.level[i]].append(eqn)
+        elif eqn.primitive is not exchange_p:
             local[plan.level[i]].append(eqn)
     randoms = [e for e in plan.eqns if e.primitive is prf_p]
-    randomness = _Randomness(randoms, plan) if randoms else None
+    randomness = None
+    if randoms:
+        stepping = None if iteration is None else (jaxpr.invars[iteration[0]], iteration[1])
+        randomness = _Randomness(randoms, plan, stepping)
     final = plan.rounds
     for level in range(final + 1):
         if randomness is not None and level == randomness.level:
@@ -191,6 +225,11 @@ def record_rounds(
         reads = [v for e in eqns for v in e.invars]
         reads += [e.invars[0] for _, m in sends for e in m.eqns]
         keep: list[Any] = [v for v in defined if last_use.get(v, -1) > level]
+        entering = [
+            v for e in loops.get(level, []) for v in e.invars if _is_var(v) and v not in held
+        ]
+        reads += entering
+        keep = list(dict.fromkeys(keep + entering))
         missing: list[Var] = []
         if level == final:
             missing = [v for v in jaxpr.outvars if _is_var(v) and v not in held]
@@ -203,34 +242,53 @@ def record_rounds(
                 for v in dict.fromkeys(r for r in [*reads, *keep] if _is_var(r))
                 if v in randomness.index
             ]
-            keep = [v for v in keep if v not in randomness.index or v in missing]
-        if not eqns and not sends and not keep:
-            continue
-        needed: list[Any] = [
-            v for v in dict.fromkeys(r for r in reads if _is_var(r)) if v not in defined
-        ]
-        if randomness is not None and views:
-            needed = [v for v in needed if v not in randomness.index]
-            needed += [BUFFER, *([randomness.role] if randomness.role is not None else [])]
-            needed = list(dict.fromkeys(needed))
-        direct = [v for v in needed if v in held]
-        messages = list(dict.fromkeys(source[v][0] for v in needed if v in source))
-        segment = _segment(
-            eqns, direct, messages, source, consts, keep, [m for _, m in sends], randomness, views
-        )
-        args = [held[v] for v in direct] + [packed[m] for m in messages]
-        tags = "+".join(m.tag for _, m in sends) or "out"
-        segment.__name__ = f"mpc.{name}.{tags}"
-        with jax.enable_x64(True):
-            pfunc, _, _ = jax_export(
-                segment, *(types[a] for a in args), platforms=platforms, disk=False
+            kept = {*missing, *entering}
+            keep = [v for v in keep if v not in randomness.index or v in kept]
+        if eqns or sends or keep:
+            needed: list[Any] = [
+                v for v in dict.fromkeys(r for r in reads if _is_var(r)) if v not in defined
+            ]
+            if randomness is not None and views:
+                needed = [v for v in needed if v not in randomness.index]
+                needed += [BUFFER, *([randomness.role] if randomness.role is not None else [])]
+                needed = list(dict.fromkeys(needed))
+            direct = [v for v in needed if v in held]
+            messages = list(dict.fromkeys(source[v][0] for v in needed if v in source))
+            segment = _segment(
+                eqns,
+                direct,
+                messages,
+                source,
+                consts,
+                keep,
+                [m for _, m in sends],
+                randomness,
+                views,
             )
-        results = recording.call(pfunc, args)
-        types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in pfunc.outs_info]
-        held.update(zip(keep, results, strict=False))
-        for (index, message), vector in zip(sends, results[len(keep) :], strict=True):
-            packed[index] = recording.shuffle(vector, message.sources)
-            types.append(types[vector])
+            args = [held[v] for v in direct] + [packed[m] for m in messages]
+            tags = "+".join(m.tag for _, m in sends) or "out"
+            segment.__name__ = f"mpc.{name}.{tags}"
+            with jax.enable_x64(True):
+                pfunc, _, _ = jax_export(
+                    segment, *(types[a] for a in args), platforms=platforms, disk=False
+                )
+            results = recording.call(pfunc, args)
+            types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in pfunc.outs_info]
+            held.update(zip(keep, results, strict=False))
+            for (index, message), vector in zip(sends, results[len(keep) :], strict=True):
+                packed[index] = recording.shuffle(vector, message.sources)
+                types.append(types[vector])
+        for eqn in loops.get(level, []):
+            body: Body = eqn.params["body"]
+            args = [held[v] for v in eqn.invars]
+            results = recording.loop(
+                body.recording,
+                args[: body.n_invariants],
+                args[body.n_invariants :],
+                eqn.params["length"],
+            )
+            types += [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in eqn.params["out"]]
+            held.update(zip(eqn.outvars, results, strict=True))
     for v in jaxpr.outvars:
         if not _is_var(v) or v not in held:
             raise AssertionError(f"share program output {v} was not computed")
@@ -251,7 +309,10 @@ class _Randomness:
     row, picked by its role at run time): a stream two roles share costs nothing at the
     third. A role above every named one gets the last row: the streams every role uses."""
 
-    def __init__(self, eqns: list[JaxprEqn], plan: RoundPlan) -> None:
+    def __init__(
+        self, eqns: list[JaxprEqn], plan: RoundPlan, iteration: tuple[Var, int] | None
+    ) -> None:
+        self.iteration = iteration
         self.level = min(plan.level[i] for i, e in enumerate(plan.eqns) if e.primitive is prf_p)
         self.eqns = eqns
         self.plan_eqns = plan.eqns
@@ -307,10 +368,12 @@ class _Randomness:
             )
         (table,) = recording.call(pfunc, args)
         types.append(jax.ShapeDtypeStruct(pfunc.outs_info[0].shape, pfunc.outs_info[0].dtype.numpy))
-        draw = keystream_pfunction(self.streams, self.counts, self.rows)
-        (buffer,) = recording.call(
-            draw, [table, *([held[self.role]] if len(self.rows) > 1 else [])]
-        )
+        stride = None if self.iteration is None else self.iteration[1]
+        draw = keystream_pfunction(self.streams, self.counts, self.rows, stride)
+        args = [table, *([held[self.role]] if len(self.rows) > 1 else [])]
+        if self.iteration is not None:
+            args.append(held[self.iteration[0]])
+        (buffer,) = recording.call(draw, args)
         types.append(jax.ShapeDtypeStruct(draw.outs_info[0].shape, draw.outs_info[0].dtype.numpy))
         return buffer
 
