@@ -24,8 +24,8 @@ Y = (rng.random(40) < 0.5).astype(np.float64)
 W = np.zeros(3)
 
 
-def step(x: Any, y: Any, w: Any) -> Any:
-    return w - 0.5 * (x.T @ (jax.nn.sigmoid(x @ w) - y)) / x.shape[0]
+def step(x: Any, y: Any, w: Any) -> Any:  # a least-squares gradient step
+    return w - 0.25 * (x.T @ (x @ w - y)) / x.shape[0]
 
 
 def with_fori(x: Any, y: Any, w: Any) -> Any:
@@ -46,15 +46,21 @@ def secure(fn: Any) -> mp.MPFunction:
     return program
 
 
-def test_a_fori_loop_computes_what_the_unrolled_loop_does(make_cluster):
+def test_a_fori_loop_computes_what_plain_jax_computes(make_cluster):
     cluster = make_cluster(3, timeout=120.0)
     args = [cluster.put(i, v) for i, v in enumerate((X, Y, W))]
     looped = cluster.fetch(cluster.evaluate(secure(with_fori), *args), party=0)
-    plain = cluster.fetch(cluster.evaluate(secure(unrolled), *args), party=0)
     want = np.asarray(jax.jit(unrolled)(X, Y, W))
-    np.testing.assert_allclose(looped, want, atol=2e-3)
-    np.testing.assert_allclose(looped, plain, atol=2e-3)
-    assert np.abs(want).max() > 0.05  # the loop moved the weights
+    np.testing.assert_allclose(looped, want, atol=1e-4)
+    assert np.abs(want).max() > 0.01  # the loop moved the weights
+
+
+def test_a_fori_loop_computes_what_the_unrolled_loop_does():
+    with mp.Simulator(3) as sim:
+        args = [sim.put(i, v) for i, v in enumerate((X, Y, W))]
+        looped = sim.fetch(sim.evaluate(secure(with_fori), *args), party=0)
+        plain = sim.fetch(sim.evaluate(secure(unrolled), *args), party=0)
+    np.testing.assert_allclose(looped, plain, atol=1e-4)
 
 
 def test_a_scan_carries_and_stacks_secret_values():
@@ -104,8 +110,6 @@ def test_a_ten_iteration_loop_compiles_the_functions_of_a_one_iteration_loop():
     assert len(ten.functions) == len(once.functions) > 0
     assert {f.fn_body for f in ten.functions} == {f.fn_body for f in once.functions}
     assert sum(op.kind is OpKind.WHILE for op in ten.ops) == 1  # the loop, kept a loop
-    fixed = compiled(secure(unrolled)).graph  # three steps written out: three times the work
-    assert len(fixed.functions) > len(once.functions)
 
 
 def test_a_loop_carries_secret_bits_public_counts_and_promoted_publics():
@@ -152,8 +156,8 @@ def test_every_iteration_draws_streams_no_other_draws(monkeypatch: pytest.Monkey
             assert max(drawn.values()) <= 2
             totals.append(len(drawn))
     once, four = totals
-    seal = 2 * 3 * 2  # three seals, two streams each under a fresh key, at two parties each
-    assert four - seal == pytest.approx(4 * (once - seal), rel=0.05)
+    seal = 3 * 2  # three seals, each two streams under a fresh key
+    assert four - seal == 4 * (once - seal)  # each iteration draws streams of its own
 
 
 def test_a_recorded_loop_survives_its_bytes(monkeypatch: pytest.MonkeyPatch):
