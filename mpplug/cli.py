@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--party", required=True, help="the name of the party to run")
     _server_args(serve)
     # Set by `mpplug up` and LocalParties: the party stops when that process is gone.
+    serve.add_argument(
+        "--custom-calls",
+        metavar="ENTRIES",
+        help="the custom-call targets this party compiles, comma-separated, over the cluster "
+        "file's custom_calls: 'stable' (JAX's stable targets on its platform, the default), "
+        "'annotations' (none but annotations) and target names",
+    )
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(command=_serve)
 
@@ -198,6 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
         limits=args.limit,
         insecure=args.insecure,
         parent_pid=args.parent_pid,
+        custom_calls=args.custom_calls,
     )
 
 

@@ -18,13 +18,24 @@ from typing import Any
 
 import yaml
 
+from mpplug.core.custom_calls import DEFAULT_POLICY, CustomCallPolicy
 from mpplug.errors import ConfigError
 
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252})")
 _PORT = re.compile(r"[0-9]{1,5}")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _DEVICE = re.compile(r"(cpu|cuda|rocm|tpu)(:[0-9]+)?")
-_PARTY_KEYS = {"name", "endpoint", "listen", "bulk", "device", "tls", "data", "outputs"}
+_PARTY_KEYS = {
+    "name",
+    "endpoint",
+    "listen",
+    "bulk",
+    "device",
+    "tls",
+    "data",
+    "outputs",
+    "custom_calls",
+}
 _TLS_KEYS = {"ca", "cert", "key"}
 DATASET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 """Dataset names: no dots, slashes or spaces, so a name can never be read as a path."""
@@ -258,6 +269,9 @@ class PartySpec:
     data: tuple[DatasetSpec, ...] = ()
     outputs: OutputsSpec | None = None
     bulk: str | None = None
+    custom_calls: CustomCallPolicy = DEFAULT_POLICY
+    """The native custom-call targets its `jax.exec` kernel compiles (see
+    `mpplug.core.custom_calls`): JAX's stable targets on its platform by default."""
 
     @property
     def host(self) -> str:
@@ -434,6 +448,8 @@ def _as_dict(p: PartySpec) -> dict[str, Any]:
         }
     if p.outputs is not None:
         d["outputs"] = {"path": str(p.outputs.path), "overwrite": p.outputs.overwrite}
+    if p.custom_calls != DEFAULT_POLICY:
+        d["custom_calls"] = list(p.custom_calls.entries)
     return d
 
 
@@ -453,8 +469,9 @@ def _party(entry: Any, where: str, base: Path, files_of: Collection[str] | None)
             f"got {name!r}"
         )
     endpoint = entry["endpoint"]
-    _, port = split_endpoint(endpoint, f"{where}.endpoint")
-    listen = entry.get("listen", f"[::]:{port}")
+    host, port = split_endpoint(endpoint, f"{where}.endpoint")
+    # without `listen`: every interface, or only the loopback address the endpoint names
+    listen = entry.get("listen", endpoint if is_loopback(host) else f"[::]:{port}")
     listen_port = split_endpoint(listen, f"{where}.listen")[1]
     bulk = entry.get("bulk")
     if bulk is not None:
@@ -473,7 +490,13 @@ def _party(entry: Any, where: str, base: Path, files_of: Collection[str] | None)
     tls = _tls(entry["tls"], f"{where}.tls", base, check) if entry.get("tls") is not None else None
     data = _data(entry.get("data"), f"{where}.data", base)
     outputs = _outputs(entry["outputs"], f"{where}.outputs", base) if "outputs" in entry else None
-    return PartySpec(name, endpoint, listen, device, tls, data, outputs, bulk)
+    policy = DEFAULT_POLICY
+    if "custom_calls" in entry:
+        try:
+            policy = CustomCallPolicy.parse(entry["custom_calls"], f"{where}.custom_calls")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return PartySpec(name, endpoint, listen, device, tls, data, outputs, bulk, policy)
 
 
 def _data(entry: Any, where: str, base: Path) -> tuple[DatasetSpec, ...]:

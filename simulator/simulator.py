@@ -17,6 +17,7 @@ import numpy as np
 
 from mpplug.config import ClusterSpec
 from mpplug.core import TensorType
+from mpplug.core.custom_calls import CustomCallPolicy
 from mpplug.core.parties import PartySet
 from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError, WireError
 from mpplug.frontend.tracer import Program
@@ -68,7 +69,9 @@ class InMemoryCommunicator(Communicator):
         self._mailboxes[self.rank].check(exec_id)
 
 
-def _parse_world(world: Any) -> tuple[list[str], list[Any], list[Datasets]]:
+def _parse_world(
+    world: Any,
+) -> tuple[list[str], list[Any], list[Datasets], list[CustomCallPolicy]]:
     """Party names, device specs and datasets from a world size, names or a ClusterSpec
     (whose data files are checked here, as each party's host checks its own)."""
     if isinstance(world, int) and not isinstance(world, bool):
@@ -94,7 +97,8 @@ def _parse_world(world: Any) -> tuple[list[str], list[Any], list[Datasets]]:
             f"{type(world).__name__}"
         )
     datasets = [Datasets(p.name, p.data, p.outputs) for p in parties]
-    return [p.name for p in parties], [p.device for p in parties], datasets
+    policies = [p.custom_calls for p in parties]
+    return [p.name for p in parties], [p.device for p in parties], datasets, policies
 
 
 def _devices(mode: Any, declared: list[Any]) -> list[Any]:
@@ -119,6 +123,8 @@ class Simulator(Cluster):
     are checked at construction).
     `devices="auto"` binds party i to local device i modulo the device count. `timeout`
     bounds every receive; one execution may run for `execute_timeout` (default 10 x timeout).
+    `custom_calls` (entries as in a cluster file) sets every party's custom-call policy;
+    by default each party has its cluster file's, or the default a party server has.
     """
 
     def __init__(
@@ -128,10 +134,13 @@ class Simulator(Cluster):
         devices: str | Sequence[Any] | None = "auto",
         timeout: float = DEFAULT_TIMEOUT,
         execute_timeout: float | None = None,
+        custom_calls: Sequence[str] | str | None = None,
     ) -> None:
         if isinstance(world, str | Path):
             world = ClusterSpec.from_yaml(world)
-        names, declared, datasets = _parse_world(world)
+        names, declared, datasets, policies = _parse_world(world)
+        if custom_calls is not None:
+            policies = [CustomCallPolicy.parse(custom_calls, "custom_calls")] * len(names)
         bound = _devices(devices, declared)
         self._mailboxes = [Mailbox(r) for r in range(len(names))]
         party_devices: list[Any] = [None] * len(names)  # filled once the runtimes resolve them
@@ -142,6 +151,7 @@ class Simulator(Cluster):
                 InMemoryCommunicator(r, self._mailboxes, party_devices),
                 device=bound[r],
                 datasets=datasets[r],
+                custom_calls=policies[r],
             )
             for r in range(len(names))
         ]

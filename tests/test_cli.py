@@ -430,7 +430,7 @@ def _exposed_cluster(folder: Path) -> tuple[Path, str]:
     bob_port, alice = free_port(), f"127.0.0.1:{free_port()}"
     parties = [
         {"name": "alice", "endpoint": alice, "listen": alice},
-        {"name": "bob", "endpoint": f"127.0.0.1:{bob_port}"},  # listen: [::]:PORT
+        {"name": "bob", "endpoint": f"127.0.0.1:{bob_port}", "listen": f"[::]:{bob_port}"},
     ]
     config = folder / "cluster.yaml"
     config.write_text(yaml.safe_dump({"parties": parties}))

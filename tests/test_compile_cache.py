@@ -115,6 +115,37 @@ def test_a_second_process_reuses_the_first_ones_executables_and_traces(tmp_path:
     assert second["hits"] == first["writes"] == len(entries(folder))
 
 
+LAPACK_PROGRAM = textwrap.dedent(
+    """
+    import json
+    import jax.numpy as jnp
+    import numpy as np
+    import mpplug as mp
+    from mpplug.kernels.compile_cache import disk_cache
+
+    spd = np.array([[4.0, 1.0], [1.0, 3.0]], np.float32)
+    prog = mp.function(lambda x: mp.run_jax(lambda m: jnp.linalg.cholesky(jnp.linalg.inv(m)), x))
+    with mp.Simulator(1) as sim:
+        got = sim.fetch(sim.evaluate(prog, sim.put(0, spd)), party=0)
+    print(json.dumps({"got": got.tolist(), "hits": disk_cache().stats.hits}))
+    """
+)
+
+
+def test_a_cached_executable_that_calls_lapack_runs_in_a_new_process(tmp_path: Path):
+    env = {**os.environ, "MPPLUG_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    runs = []
+    for _ in range(2):  # the second loads the executable: LAPACK must be loaded for it
+        done = subprocess.run(
+            [sys.executable, "-c", LAPACK_PROGRAM], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    want = np.linalg.cholesky(np.linalg.inv([[4.0, 1.0], [1.0, 3.0]]))
+    np.testing.assert_allclose(runs[1]["got"], want, rtol=1e-5)
+    assert runs[1]["got"] == runs[0]["got"] and runs[1]["hits"] > runs[0]["hits"] == 0
+
+
 # ---------------------------------------------------------------- entries never loaded
 
 

@@ -34,3 +34,17 @@ def test_tutorial_runs(tutorial: Path):
     assert done.stdout.strip(), f"{tutorial.name} printed nothing"
     if tutorial.name == "00_quickstart.py":
         assert "Is Bob richer than Alice? True" in done.stdout
+
+
+def test_the_quickstart_describes_the_program_it_runs():
+    import ast
+
+    import mpplug.demo
+
+    quickstart = TUTORIALS[0]
+    text = ast.get_docstring(ast.parse(quickstart.read_text())) or ""
+    demo = mpplug.demo.__doc__ or ""
+    for fact in ("three simulated parties", "secret-shared", "Carol", "mp.mpc"):
+        assert fact in text.replace("\n", " "), fact
+        assert fact.split()[0] in demo, fact
+    assert "two simulated parties" not in text and "compares them at Alice" not in text

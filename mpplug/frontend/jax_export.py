@@ -16,6 +16,7 @@ from jax.extend.core import jaxpr_as_fun
 from jax.tree_util import PyTreeDef
 
 from mpplug.core import PFunction, TensorType
+from mpplug.core.custom_calls import module_targets
 from mpplug.errors import InvalidPFunctionError, TraceError
 from mpplug.kernels import jax_exec
 from mpplug.kernels.compile_cache import arrays_digest, cache_key, disk_cache, source_digest
@@ -138,6 +139,9 @@ def jax_export(
         jax_exec.ATTR_KEPT_INPUTS: tuple(sorted(exported.module_kept_var_idx)),
         jax_exec.ATTR_X64: x64,
     }
+    targets = module_targets(exported)
+    if targets:  # what a party checks against its custom-call policy at load
+        attrs[jax_exec.ATTR_CUSTOM_CALLS] = targets
     pfunc = PFunction(jax_exec.FN_TYPE, function_name(fn), body, tuple(in_types), outs_info, attrs)
     cache = disk_cache() if key is not None else None
     if cache is not None and key is not None:

@@ -24,6 +24,13 @@ from jax import export as jax_export
 from jax.sharding import SingleDeviceSharding
 
 from mpplug.core import PFunction, TensorType
+from mpplug.core.custom_calls import (
+    CustomCall,
+    CustomCallRefused,
+    check_buffers,
+    module_targets,
+    runs_on,
+)
 from mpplug.errors import InvalidPFunctionError
 from mpplug.kernels.compile_cache import cache_key, disk_cache
 from mpplug.kernels.devices import export_platform
@@ -38,6 +45,9 @@ ATTR_CALLING_CONVENTION = "jax.calling_convention_version"
 ATTR_PLATFORMS = "jax.platforms"
 ATTR_KEPT_INPUTS = "jax.kept_inputs"
 ATTR_X64 = "jax.x64"
+ATTR_CUSTOM_CALLS = "jax.custom_calls"
+"""The custom-call targets the exporter found in the module (what a party's load-time policy
+check reads; the compile checks the module itself)."""
 
 # Private JAX modules, for a cheap structural check of the flatbuffer before JAX walks it;
 # without them (a future JAX) the check is skipped and deserialization errors still apply.
@@ -152,7 +162,7 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
         t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
     )
     disk = disk_cache()
-    key = _disk_key(pfunc, target, runtime.untrusted_artifacts)
+    key = _disk_key(pfunc, target, runtime)
     if disk is not None:
         payload = disk.get(key)
         if payload is not None:
@@ -176,8 +186,17 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
             f"party runs on {platform!r}; export with platforms=(..., {platform!r})"
         )
     _check_types(pfunc, exported)
-    if runtime.untrusted_artifacts:
-        exported = _checked_module(pfunc, exported)
+    try:
+        if runtime.untrusted_artifacts:
+            exported, calls = _checked_module(pfunc, exported)
+            runtime.custom_calls.check([c.target for c in calls], platform, _where(pfunc))
+            for custom in calls:
+                if runs_on([custom.target], platform):
+                    check_buffers(custom, _where(pfunc))
+        else:
+            runtime.custom_calls.check(module_targets(exported), platform, _where(pfunc))
+    except CustomCallRefused as exc:
+        raise InvalidPFunctionError(str(exc)) from None
     compiled = _compile(pfunc, _jit(exported, device, len(pfunc.ins_info)), exported, x64)
     size = 1
     try:
@@ -192,9 +211,10 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     return CompiledExport(_with_x64(call) if x64 else call, size)
 
 
-def _disk_key(pfunc: PFunction, device: Any, untrusted: bool) -> bytes:
+def _disk_key(pfunc: PFunction, device: Any, runtime: KernelRuntime) -> bytes:
     """What a compiled executable depends on: the artifact, the device (platform, kind, id),
-    the host's CPU features (CPU code is built for them), jaxlib and the trust level."""
+    the host's CPU features (CPU code is built for them), jaxlib, the trust level and the
+    custom-call targets admitted (an entry is stored only after the checks passed)."""
     return cache_key(
         CACHE_FORMAT,
         pfunc.digest,
@@ -205,7 +225,8 @@ def _disk_key(pfunc: PFunction, device: Any, untrusted: bool) -> bytes:
         _host_features() if device.platform == "cpu" else "",
         jax.__version__,
         jaxlib_version(),
-        "untrusted" if untrusted else "trusted",
+        "untrusted" if runtime.untrusted_artifacts else "trusted",
+        repr(sorted(runtime.custom_calls.admitted(export_platform(device)))),
     )
 
 
@@ -231,6 +252,8 @@ def _from_disk(pfunc: PFunction, payload: bytes, device: Any) -> CompiledExport 
     """A cached executable loaded onto `device`, or None if the backend refuses it."""
     from jax._src.lib import xla_client
 
+    if device.platform == "cpu" and not _lapack_ready():
+        return None  # its LAPACK calls would find no routines: compile instead
     try:
         executable = device.client.deserialize_executable(
             payload, executable_devices=xla_client.DeviceList((device,))
@@ -239,6 +262,21 @@ def _from_disk(pfunc: PFunction, payload: bytes, device: Any) -> CompiledExport 
         log.warning("%s: cached executable not loaded (%s); compiling", _where(pfunc), exc)
         return None
     return CompiledExport(_executable_call(executable, device, pfunc), len(payload))
+
+
+@functools.cache
+def _lapack_ready() -> bool:
+    """Load the LAPACK routines jaxlib's CPU kernels call, as JAX does when it lowers a call
+    of an exported function on a CPU: an executable loaded from the cache skips that
+    lowering, and its LAPACK calls would otherwise jump to routines never loaded."""
+    try:
+        from jax._src.lax import linalg
+
+        linalg.initialize_lapack()
+    except Exception as exc:  # a future JAX without it: cached executables are not loaded
+        log.warning("LAPACK not initialized (%s); cached CPU executables are compiled again", exc)
+        return False
+    return True
 
 
 def _executable_call(executable: Any, device: Any, pfunc: PFunction) -> Callable[..., Any]:
@@ -293,9 +331,12 @@ def _serialize_with_sdy() -> bool:
     return bool(jax.extend.backend.get_backend().serialize_with_sdy)
 
 
-def _checked_module(pfunc: PFunction, exported: jax_export.Exported) -> jax_export.Exported:
+def _checked_module(
+    pfunc: PFunction, exported: jax_export.Exported
+) -> tuple[jax_export.Exported, tuple[CustomCall, ...]]:
     """`exported` with its StableHLO module as a fresh helper process parsed and wrote it
-    again, so this process never parses bytes that could crash it (see module_check)."""
+    again, so this process never parses bytes that could crash it (see module_check), and
+    the module's custom calls."""
     try:
         checked = _CHECKER.check(exported.mlir_module_serialized, with_sdy=_serialize_with_sdy())
     except ModuleRefused as exc:
@@ -303,7 +344,8 @@ def _checked_module(pfunc: PFunction, exported: jax_export.Exported) -> jax_expo
             f"{_where(pfunc)}: fn_body ({len(pfunc.fn_body)} bytes) holds a StableHLO module "
             f"this party does not load: {exc}"
         ) from None
-    return dataclasses.replace(exported, mlir_module_serialized=checked.bytecode)
+    replaced = dataclasses.replace(exported, mlir_module_serialized=checked.bytecode)
+    return replaced, checked.custom_calls
 
 
 def _jit(exported: jax_export.Exported, device: Any, n_ins: int) -> Any:

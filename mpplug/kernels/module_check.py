@@ -8,6 +8,7 @@ a module that a fresh fork of the helper parsed and wrote again, so a bad one ki
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import select
 import signal
@@ -19,11 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-ALLOWED_CUSTOM_CALLS = frozenset(
-    {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "annotate_device_placement"}
-)
-"""Custom-call targets a party compiles: annotations only. Any other target is native code
-(a host callback, a LAPACK routine) run on buffers whose shapes the module alone declares."""
+from mpplug.core.custom_calls import CustomCall
 
 CHECK_TIMEOUT_S = 120.0
 """The longest the helper may take over one module before it is killed and the module refused."""
@@ -32,14 +29,15 @@ _LENGTH = struct.Struct("<Q")
 
 
 class ModuleRefused(Exception):
-    """The module did not parse, crashed or hung the parser, or calls a target not allowed."""
+    """The module did not parse, or crashed or hung the parser."""
 
 
 @dataclass(frozen=True)
 class CheckedModule:
     bytecode: bytes
     """The module as a fork of the helper wrote it again: bytes from JAX's own writer."""
-    custom_calls: tuple[str, ...]
+    custom_calls: tuple[CustomCall, ...]
+    """Its custom calls (the caller's policy decides which it compiles)."""
 
 
 class ModuleChecker:
@@ -62,15 +60,9 @@ class ModuleChecker:
             again, targets = self._transcode(first, with_sdy)
             if again != first:
                 raise ModuleRefused("written again, it does not read back as the same module")
-        disallowed = sorted(set(targets) - ALLOWED_CUSTOM_CALLS)
-        if disallowed:
-            raise ModuleRefused(
-                f"it calls custom_call target(s) {', '.join(map(repr, disallowed))}, native code "
-                f"this party does not run (it runs only {sorted(ALLOWED_CUSTOM_CALLS)})"
-            )
         return CheckedModule(first, targets)
 
-    def _transcode(self, module: bytes, with_sdy: bool) -> tuple[bytes, tuple[str, ...]]:
+    def _transcode(self, module: bytes, with_sdy: bool) -> tuple[bytes, tuple[CustomCall, ...]]:
         with self._lock:
             process = self._running()
             assert process.stdin is not None and process.stdout is not None
@@ -82,7 +74,7 @@ class ModuleChecker:
                 raise ModuleRefused(self._failure(exc)) from None
         if status != b"ok":
             raise ModuleRefused(parts[0].decode(errors="replace"))
-        return parts[0], tuple(p.decode(errors="replace") for p in parts[1:])
+        return parts[0], tuple(_call(p) for p in parts[1:])
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
@@ -127,6 +119,20 @@ class ModuleChecker:
             self._stop()
 
 
+def _call(part: bytes) -> CustomCall:
+    """A custom call as the helper described it (bytes from our own helper process)."""
+    try:
+        found = json.loads(part)
+        return CustomCall(
+            str(found["target"]),
+            tuple((tuple(int(d) for d in s), str(t)) for s, t in found["operands"]),
+            tuple((tuple(int(d) for d in s), str(t)) for s, t in found["results"]),
+            None if found["mode"] is None else int(found["mode"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModuleRefused(f"its custom calls could not be read ({exc})") from None
+
+
 def _write_frame(stream: IO[bytes], parts: list[bytes]) -> None:
     stream.write(_LENGTH.pack(len(parts)))
     for part in parts:
@@ -160,17 +166,42 @@ def _read_frame(stream: IO[bytes], deadline: float | None) -> list[bytes]:
     return parts
 
 
-def _custom_calls(operation: Any) -> set[str]:
+def _custom_calls(operation: Any) -> list[dict[str, Any]]:
+    """Each custom call in `operation`: its target, operand and result types, and the
+    `mode` attribute of its backend config (as JSON-ready dicts)."""
     from jax._src.lib.mlir import ir
 
-    found = set()
+    found = []
     if operation.name == "stablehlo.custom_call":
-        found.add(ir.StringAttr(operation.attributes["call_target_name"]).value)
+        attrs = operation.attributes
+        mode = None
+        if "mhlo.backend_config" in attrs:
+            config = attrs["mhlo.backend_config"]
+            if isinstance(config, ir.DictAttr) and "mode" in config:
+                mode = ir.IntegerAttr(config["mode"]).value
+        found.append(
+            {
+                "target": ir.StringAttr(attrs["call_target_name"]).value,
+                "operands": [_tensor(v.type) for v in operation.operands],
+                "results": [_tensor(v.type) for v in operation.results],
+                "mode": mode,
+            }
+        )
     for region in operation.regions:
         for block in region:
             for op in block:
-                found |= _custom_calls(op.operation)
+                found += _custom_calls(op.operation)
     return found
+
+
+def _tensor(kind: Any) -> list[Any]:
+    from jax._src.lib.mlir import ir
+
+    try:
+        tensor = ir.RankedTensorType(kind)
+    except ValueError:  # not a ranked tensor: matches no rule, refused where checked
+        return [[-1], str(kind)]
+    return [[int(d) for d in tensor.shape], str(tensor.element_type)]
 
 
 def _transcode(module: bytes, with_sdy: bool) -> list[bytes]:
@@ -184,9 +215,9 @@ def _transcode(module: bytes, with_sdy: bool) -> list[bytes]:
     )
     with mlir.make_ir_context():
         parsed = _jax.mlir.deserialize_portable_artifact(module)
-        targets = sorted(_custom_calls(parsed.operation))
+        calls = _custom_calls(parsed.operation)
         again = _jax.mlir.serialize_portable_artifact(parsed, version, with_sdy)
-    return [b"ok", bytes(again), *(t.encode() for t in targets)]
+    return [b"ok", bytes(again), *(json.dumps(c).encode() for c in calls)]
 
 
 def _in_fresh_fork(module: bytes, with_sdy: bool) -> list[bytes]:

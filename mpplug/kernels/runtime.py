@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from mpplug.core.custom_calls import DEFAULT_POLICY, CustomCallPolicy
 from mpplug.kernels.datasets import Datasets
 
 K = TypeVar("K")
@@ -132,7 +133,8 @@ class KernelRuntime:
     device; kernels resolve it with `resolved_device()`. `datasets` are what `mp.read` and
     `mp.write` reach (default: none). `untrusted_artifacts` says programs come from callers
     this process must survive (a party server's drivers): kernels then check what they load
-    more warily (`jax.exec` parses each module in a helper process first). `direct_calls`
+    more warily (`jax.exec` parses each module in a helper process first). `custom_calls` is
+    the policy of the native custom-call targets `jax.exec` compiles. `direct_calls`
     maps a PFunction's digest to the `DirectCall` its kernel offers for it; a key one of the
     runtime's caches evicts leaves it too, so it never outlives the kernel's cached state.
     """
@@ -145,6 +147,7 @@ class KernelRuntime:
         cache_size: int = DEFAULT_CACHE_SIZE,
         datasets: Datasets | None = None,
         untrusted_artifacts: bool = False,
+        custom_calls: CustomCallPolicy | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"expected 0 <= rank < world_size, got rank {rank} of {world_size}")
@@ -157,6 +160,7 @@ class KernelRuntime:
         self.device_spec = device
         self.datasets = datasets if datasets is not None else Datasets(f"rank {rank}")
         self.untrusted_artifacts = untrusted_artifacts
+        self.custom_calls = custom_calls if custom_calls is not None else DEFAULT_POLICY
         self._cache_size = cache_size
         self._caches: dict[str, LRUCache[Any, Any]] = {}
         self.direct_calls: dict[str, DirectCall] = {}

@@ -9,6 +9,7 @@ upkeep closes idle sessions, drops values nobody will receive and cancels stalle
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from mpplug.config import ClusterSpec, ServerLimits, is_loopback, split_endpoint
+from mpplug.core.custom_calls import CustomCallPolicy
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.kernels.datasets import Datasets
 from mpplug.protos import service_pb2
@@ -115,6 +117,7 @@ class PartyServer:
             device=device,
             datasets=datasets,
             untrusted_artifacts=True,  # programs come from the network
+            custom_calls=self.party.custom_calls,
         )
         self._watch = StreamWatch(self.limits.stream_idle_s)
         self._service = PartyServicer(
@@ -365,10 +368,12 @@ def serve_party(
     limits: Sequence[str] = (),
     insecure: bool = False,
     parent_pid: int | None = None,
+    custom_calls: str | None = None,
 ) -> int:
     """Serve `party` of the cluster file `config` until SIGTERM or SIGINT (exit code 0), or
     until the process `parent_pid` is gone. `limits` are NAME=VALUE assignments over the
-    file's; see `check_exposure` for `insecure`.
+    file's; see `check_exposure` for `insecure`. `custom_calls` (comma-separated entries)
+    replaces the party's custom-call policy from the file.
 
     Only this party's TLS files need exist on this host; a bad file or an unknown party is a
     ConfigError.
@@ -377,6 +382,16 @@ def serve_party(
     if party not in spec.names:
         raise ConfigError(f"{config}: no party named {party!r}; parties: {spec.names}")
     check_exposure(spec, party, insecure=insecure)
+    if custom_calls is not None:
+        try:
+            policy = CustomCallPolicy.parse(custom_calls, "--custom-calls")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        parties = [
+            dataclasses.replace(p, custom_calls=policy) if p.name == party else p
+            for p in spec.parties
+        ]
+        spec = dataclasses.replace(spec, parties=tuple(parties))
     server = PartyServer(
         spec,
         party,

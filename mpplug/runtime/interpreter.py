@@ -139,16 +139,20 @@ class Interpreter:
         self.steps = self.plan.steps
         self.input_ops = [op for op in graph.input_ops if rank in op.parties]
 
-    def functions(self) -> list[PFunction]:
-        """The PFunctions this party calls, regions' included, outer blocks first."""
-        found: list[PFunction] = []
+    def calls(self) -> list[tuple[Op, PFunction]]:
+        """The CALL ops this party runs and their PFunctions, regions' included."""
+        found: list[tuple[Op, PFunction]] = []
         pending = [self.plan]
         while pending:
             for step in pending.pop(0).steps:
                 if step.fn is not None:
-                    found.append(step.fn)
+                    found.append((step.op, step.fn))
                 pending.extend(step.regions)
         return found
+
+    def functions(self) -> list[PFunction]:
+        """The PFunctions this party calls, regions' included, outer blocks first."""
+        return [pfunc for _, pfunc in self.calls()]
 
     def _plan_block(self, block: Block) -> _Plan:
         params = tuple(

@@ -10,14 +10,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+
+from mpplug.core.custom_calls import CustomCallPolicy, CustomCallRefused
 from mpplug.core.graph import Graph
-from mpplug.errors import InvalidProgramError
+from mpplug.errors import InvalidPFunctionError, InvalidProgramError
 from mpplug.kernels import KernelRuntime
 from mpplug.kernels.datasets import Datasets
+from mpplug.kernels.devices import export_platform
+from mpplug.kernels.jax_exec import ATTR_CUSTOM_CALLS
 from mpplug.kernels.prepare import Preparation
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
-from mpplug.runtime.interpreter import Interpreter
+from mpplug.runtime.interpreter import Interpreter, describe_op
 from mpplug.runtime.profile import Recorder, Span
 
 DEFAULT_PROGRAM_CACHE = 128
@@ -41,12 +46,18 @@ class Party:
         program_cache_size: int = DEFAULT_PROGRAM_CACHE,
         datasets: Datasets | None = None,
         untrusted_artifacts: bool = False,
+        custom_calls: CustomCallPolicy | None = None,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.communicator = communicator
         self.runtime = KernelRuntime(
-            rank, world_size, device, datasets=datasets, untrusted_artifacts=untrusted_artifacts
+            rank,
+            world_size,
+            device,
+            datasets=datasets,
+            untrusted_artifacts=untrusted_artifacts,
+            custom_calls=custom_calls,
         )
         self._programs: LRUCache[str, _Loaded] = LRUCache(program_cache_size)
 
@@ -76,7 +87,23 @@ class Party:
 
     def _load(self, graph: Graph) -> _Loaded:
         interpreter = Interpreter(graph, self.rank)
+        self._check_custom_calls(interpreter)
         return _Loaded(interpreter, Preparation(interpreter.functions(), self.runtime))
+
+    def _check_custom_calls(self, interpreter: Interpreter) -> None:
+        """Refuse, before anything runs, a program whose functions at this party declare
+        custom-call targets this party's policy does not admit (the compile checks the
+        module's actual targets again)."""
+        platform = export_platform(self.runtime.resolved_device() or jax.devices()[0])
+        for op, pfunc in interpreter.calls():
+            declared = pfunc.attrs.get(ATTR_CUSTOM_CALLS, ())
+            if not isinstance(declared, tuple | list):
+                declared = (str(declared),)
+            where = f"party {self.rank}: {describe_op(interpreter.graph, op)}"
+            try:
+                self.runtime.custom_calls.check(map(str, declared), platform, where)
+            except CustomCallRefused as exc:
+                raise InvalidPFunctionError(str(exc)) from None
 
     def interpreter(self, digest: str) -> Interpreter:
         return self._loaded(digest).interpreter
