@@ -531,6 +531,55 @@ def _logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     return self.out(eqn, both if eqn.primitive.name == "and" else a ^ b ^ both, boolean=True)
 
 
+@rule("reduce_and", "reduce_or")
+def _reduce_logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
+    """`jnp.all` / `jnp.any` over `axes`: an AND tree over XOR-shared bits, ceil(log2 n)
+    rounds (OR as NOT AND NOT)."""
+    _require_bool(self, eqn)
+    (x,) = values
+    axes = tuple(eqn.params["axes"])
+    kept = [d for d in range(len(x.shape)) if d not in axes]
+    count = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
+    is_or = eqn.primitive.name == "reduce_or"
+    if count == 0:  # the empty AND is true, the empty OR false
+        return jnp.full(_aval(eqn).shape, not is_or)
+
+    def flatten(s: jnp.ndarray) -> jnp.ndarray:
+        moved = jnp.transpose(s, [*kept, *axes])
+        return moved.reshape(*(x.shape[d] for d in kept), count)
+
+    bits = self.protocol.local(flatten, self.boolean(x))
+    if is_or:
+        bits = _not(self, bits)
+    while count > 1:
+        half = count // 2
+        low = self.protocol.local(lambda s, h=half: s[..., :h], bits)
+        high = self.protocol.local(lambda s, h=half: s[..., h : 2 * h], bits)
+        rest = self.protocol.local(lambda s, h=half: s[..., 2 * h :], bits)
+        both = self.protocol.and_(self.ctx, low, high, bits=1)
+        bits = self.protocol.local(lambda a, b: jnp.concatenate([a, b], axis=-1), both, rest)
+        count = half + count % 2
+    out = self.protocol.local(lambda s: s[..., 0], bits)
+    return self.out(eqn, _not(self, out) if is_or else out, boolean=True)
+
+
+@rule("stop_gradient")
+def _stop_gradient(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
+    """No gradient flows through it: on shares it is the value itself."""
+    return values[0]
+
+
+@rule("stack")
+def _stack(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """`jnp.stack`: boolean shares stacked as they are when every operand is a secret bit;
+    otherwise as `concatenate` (public operands lifted)."""
+    if all(isinstance(v, Secret) and v.boolean for v in values):
+        shares = [v.shares for v in values]
+        stacked = self._bind_on_shares(eqn, values, list(range(len(values))), shares)
+        return self.out(eqn, stacked, boolean=True)
+    return self._linear(eqn, values, None)
+
+
 @rule("not")
 def _logical_not(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     _require_bool(self, eqn)

@@ -23,9 +23,16 @@ def to_ring(x: Any) -> jnp.ndarray:
     return x.astype(jnp.int64).astype(RING) if x.dtype != RING else x
 
 
+ENCODE_LIMIT = 2.0**62
+"""Encoded magnitudes are clamped to a quarter of the ring: a public +-inf (softmax's
+`initial=-inf`) becomes the largest fixed-point magnitude, still compared exactly."""
+
+
 def encode(x: Any, frac_bits: int) -> jnp.ndarray:
-    """Reals in fixed point: round(x * 2^frac_bits) in two's complement."""
+    """Reals in fixed point: round(x * 2^frac_bits) in two's complement, clamped to
+    +-2^62 (values beyond, such as +-inf, become the extremes)."""
     scaled = jnp.round(jnp.asarray(x, jnp.float64) * (2.0**frac_bits))
+    scaled = jnp.clip(scaled, -ENCODE_LIMIT, ENCODE_LIMIT - 1024.0)
     return scaled.astype(jnp.int64).astype(RING)
 
 
