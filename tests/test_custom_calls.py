@@ -254,3 +254,4 @@ def test_the_native_kernels_jax_emits_pass_the_buffer_check_and_smaller_buffers_
     unknown = CustomCall("site_ffi_kernel", (((4,), "f32"),), (((4,), "f32"),))
     with pytest.raises(CustomCallRefused, match="cannot check"):
         check_buffers(unknown, "test")
+    check_buffers(unknown, "test", vouched=["stable", "site_ffi_kernel"])  # the site's word

@@ -192,7 +192,7 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
             runtime.custom_calls.check([c.target for c in calls], platform, _where(pfunc))
             for custom in calls:
                 if runs_on([custom.target], platform):
-                    check_buffers(custom, _where(pfunc))
+                    check_buffers(custom, _where(pfunc), runtime.custom_calls.entries)
         else:
             runtime.custom_calls.check(module_targets(exported), platform, _where(pfunc))
     except CustomCallRefused as exc:
