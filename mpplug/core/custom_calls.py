@@ -10,6 +10,7 @@ platform, less those that run code the program supplies (Pallas' `tpu_custom_cal
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -118,17 +119,7 @@ class CustomCallPolicy:
 
     def admitted(self, platform: str) -> frozenset[str]:
         """The targets admitted for a party on `platform` ("cpu", "cuda", "rocm", "tpu")."""
-        allowed = set(ANNOTATIONS)
-        for entry in self.entries:
-            if entry == STABLE:
-                allowed |= {
-                    t
-                    for t in stable_targets() - NOT_BY_DEFAULT
-                    if target_platform(t) in (None, platform)
-                }
-            elif entry != ONLY_ANNOTATIONS:
-                allowed.add(entry)
-        return frozenset(allowed)
+        return _admitted(self.entries, platform)
 
     def setting(self) -> str:
         """How the policy reads in a cluster file."""
@@ -159,6 +150,23 @@ class CustomCallPolicy:
 
 
 DEFAULT_POLICY = CustomCallPolicy()
+
+
+@functools.cache
+def _admitted(entries: tuple[str, ...], platform: str) -> frozenset[str]:
+    """`CustomCallPolicy.admitted`, worked out once per policy and platform (every artifact a
+    party loads asks)."""
+    allowed = set(ANNOTATIONS)
+    for entry in entries:
+        if entry == STABLE:
+            allowed |= {
+                t
+                for t in stable_targets() - NOT_BY_DEFAULT
+                if target_platform(t) in (None, platform)
+            }
+        elif entry != ONLY_ANNOTATIONS:
+            allowed.add(entry)
+    return frozenset(allowed)
 
 
 _TARGET = re.compile(r"stablehlo\.custom_call @([\w.$-]+)|call_target_name = \"([^\"]+)\"")
