@@ -41,7 +41,7 @@ def _ring(x: np.ndarray) -> np.ndarray:
 
 
 def _public_bits(c: float) -> int:
-    """Fraction bits `mp.mpc` gives a public factor c (`interpreter._times_public`)."""
+    """Fraction bits `mp.mpc` gives a public factor c (`rules.arithmetic.times_public`)."""
     return F + (min(20, int(np.floor(-np.log2(abs(c))))) if abs(c) < 1 else 0)
 
 

@@ -89,7 +89,7 @@ def test_a_scan_carries_and_stacks_secret_values():
 
 
 def test_scan_operand_counts_are_read_from_either_jax_layout():
-    from mpplug.mpc.interpreter import _scan_counts
+    from mpplug.mpc.rules.control import scan_counts as _scan_counts
 
     assert _scan_counts({"num_consts": 2, "num_carry": 1}) == (2, 1)  # JAX 0.10
     assert _scan_counts({"ft_in": ((None,), (None, None), ())}) == (1, 2)  # JAX 0.11

@@ -1,0 +1,70 @@
+"""Real functions by fixed-point approximation (exp, log, logistic, tanh, sqrt, rsqrt, log1p,
+pow): each is a fixed sequence of secure products and comparisons (see `mpc.approx` for the
+methods, after CrypTen's and SPU's); the rounds, bytes and errors are in docs/mpc.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import JaxprEqn
+
+from mpplug.mpc import approx, ring
+from mpplug.mpc.fixed import Fxp
+from mpplug.mpc.protocol import Shares
+from mpplug.mpc.rules import rule
+from mpplug.mpc.rules.arithmetic import power, require_float
+from mpplug.mpc.secret import Secret, Value, out_aval
+
+if TYPE_CHECKING:
+    from mpplug.mpc.interpreter import Interpreter
+
+
+_APPROXIMATIONS: dict[str, Callable[[Fxp, Shares], Shares]] = {
+    "exp": approx.exp,
+    "log": approx.log,
+    "logistic": approx.logistic,
+    "tanh": approx.tanh,
+    "sqrt": approx.sqrt,
+    "rsqrt": approx.rsqrt,
+}
+
+
+@rule(*_APPROXIMATIONS)
+def _approximation(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    require_float(self, eqn, x.dtype)
+    return self.out(eqn, _APPROXIMATIONS[eqn.primitive.name](self.fx, self.arith(x, x.dtype)))
+
+
+@rule("log1p")
+def _log1p(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    require_float(self, eqn, x.dtype)
+    return self.out(eqn, approx.log(self.fx, self.fx.add_const(self.arith(x, x.dtype), 1.0)))
+
+
+@rule("pow")
+def _pow(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """x ** y: a public integral y becomes integer_pow; otherwise exp(y log x) for x > 0."""
+    x, y = values
+    aval = out_aval(eqn)
+    require_float(self, eqn, aval.dtype)
+    if not isinstance(y, Secret):
+        exponent = np.asarray(y)
+        if exponent.ndim == 0 and float(exponent).is_integer():
+            shares = self.arith(x, aval.dtype, aval.shape)
+            if exponent == 0:
+                return self.out(eqn, self.arith(jnp.ones(aval.shape, aval.dtype), aval.dtype))
+            product = power(self, shares, abs(int(exponent)), True)
+            return self.out(eqn, product if exponent > 0 else approx.reciprocal(self.fx, product))
+    logarithm = approx.log(self.fx, self.arith(x, aval.dtype, aval.shape))
+    if isinstance(y, Secret):
+        product = self.fx.mul(self.arith(y, aval.dtype, aval.shape), logarithm)
+    else:
+        scale = jnp.broadcast_to(ring.encode(y, self.ctx.frac_bits), aval.shape)
+        product = self.protocol.trunc(self.ctx, logarithm * scale, self.ctx.frac_bits)
+    return self.out(eqn, approx.exp(self.fx, product))

@@ -1,0 +1,149 @@
+"""Products, powers and division: ABY3's multiplication of replicated shares (Araki et al.,
+CCS 2016): each role computes x_i y_i + x_i y_{i+1} + x_{i+1} y_i plus a zero share, then one
+resharing round (8 bytes per element per party); a real product is fused with the precise
+truncation (3 rounds, 12 bytes). A product with a public value is local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import JaxprEqn
+
+from mpplug.errors import TraceError
+from mpplug.mpc import approx, ring
+from mpplug.mpc.protocol import Shares
+from mpplug.mpc.rules import rule
+from mpplug.mpc.secret import UNSUPPORTED_HINT, Secret, Value, is_float, out_aval
+
+if TYPE_CHECKING:
+    from mpplug.mpc.interpreter import Interpreter
+
+
+@rule("mul")
+def _mul(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    dtype = out_aval(eqn).dtype
+    shape = out_aval(eqn).shape
+    if isinstance(x, Secret) and isinstance(y, Secret):
+        bits = self.ctx.frac_bits if is_float(dtype) else 0
+        a, b = self.arith(x, dtype, shape), self.arith(y, dtype, shape)
+        return self.out(eqn, self.protocol.mul(self.ctx, a, b, bits))
+    secret, public = (x, y) if isinstance(x, Secret) else (y, x)
+    shares = self.arith(secret, dtype, shape)
+    if is_float(dtype):
+        return self.out(eqn, times_public(self, shares, public, shape))
+    return self.out(eqn, shares * jnp.broadcast_to(self.encode(public, dtype), shape))
+
+
+MAX_EXTRA_BITS = 20
+
+
+def times_public(self: Interpreter, shares: Shares, public: Any, shape: Sequence[int]) -> Shares:
+    """Fixed-point shares times a public real, one truncation. A known constant below 1 is
+    encoded with extra fraction bits (as many as it has leading zeros, up to 20), so that
+    x * 1e-4 or x / 1000 keep 18 significant bits instead of a handful; a known integer
+    constant (x * 2, x * 1.0) is a local, exact product."""
+    extra = 0
+    if not isinstance(public, jax.core.Tracer):
+        known = np.asarray(public, np.float64)
+        if np.all(np.isfinite(known)) and np.all(known == np.round(known)):
+            integers = jnp.broadcast_to(ring.to_ring(known.astype(np.int64)), shape)
+            return shares * integers
+        largest = float(np.max(np.abs(known), initial=0.0))
+        if 0.0 < largest < 1.0:
+            extra = min(MAX_EXTRA_BITS, int(np.floor(-np.log2(largest))))
+    bits = self.ctx.frac_bits + extra
+    scale = jnp.broadcast_to(ring.encode(public, bits), shape)
+    return self.protocol.trunc(self.ctx, shares * scale, bits)
+
+
+@rule("dot_general")
+def _dot_general(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    dims = eqn.params["dimension_numbers"]
+    dtype = out_aval(eqn).dtype
+    if isinstance(x, Secret) and isinstance(y, Secret):
+        bits = self.ctx.frac_bits if is_float(dtype) else 0
+        a, b = self.arith(x, dtype), self.arith(y, dtype)
+        return self.out(eqn, self.protocol.dot_general(self.ctx, a, b, dims, bits))
+    if isinstance(x, Secret):
+        public = self.encode(y, dtype)
+        product = self.protocol.local(
+            lambda a: ring.dot_general(a, public, dims), self.arith(x, dtype)
+        )
+    else:
+        public = self.encode(x, dtype)
+        product = self.protocol.local(
+            lambda b: ring.dot_general(public, b, dims), self.arith(y, dtype)
+        )
+    if is_float(dtype):
+        product = self.protocol.trunc(self.ctx, product, self.ctx.frac_bits)
+    return self.out(eqn, product)
+
+
+def require_float(self: Interpreter, eqn: JaxprEqn, dtype: Any) -> None:
+    if not is_float(dtype):
+        raise TraceError(
+            f"{self.where}: {eqn.primitive.name} on secret {np.dtype(dtype)} is supported only "
+            f"for floating-point values (fixed point); {UNSUPPORTED_HINT}"
+        )
+
+
+def power(self: Interpreter, x: Shares, exponent: int, floating: bool) -> Shares:
+    """x^exponent (exponent >= 1) by square and multiply."""
+
+    def product(a: Shares, b: Shares) -> Shares:
+        return self.protocol.mul(self.ctx, a, b, self.ctx.frac_bits if floating else 0)
+
+    result = None
+    base = x
+    while exponent:
+        if exponent & 1:
+            result = base if result is None else product(result, base)
+        exponent >>= 1
+        if exponent:
+            base = product(base, base)
+    assert result is not None
+    return result
+
+
+@rule("integer_pow")
+def _integer_pow(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    y = eqn.params["y"]
+    floating = is_float(x.dtype)
+    shares = self.arith(x, x.dtype)
+    if y == 0:
+        return self.out(eqn, self.arith(jnp.ones(x.shape, x.dtype), x.dtype))
+    if y < 0:
+        require_float(self, eqn, x.dtype)
+        return self.out(eqn, approx.reciprocal(self.fx, power(self, shares, -y, True)))
+    return self.out(eqn, power(self, shares, y, floating))
+
+
+@rule("square")
+def _square(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    return self.out(eqn, power(self, self.arith(x, x.dtype), 2, is_float(x.dtype)))
+
+
+@rule("div")
+def _div(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, y = values
+    aval = out_aval(eqn)
+    require_float(self, eqn, aval.dtype)
+    if not isinstance(y, Secret):
+        shares = self.arith(x, aval.dtype, aval.shape)
+        inverse = 1.0 / (y if isinstance(y, jax.core.Tracer) else np.asarray(y, np.float64))
+        return self.out(eqn, times_public(self, shares, inverse, aval.shape))
+    reciprocal = approx.reciprocal(self.fx, self.arith(y, aval.dtype, aval.shape))
+    if not isinstance(x, Secret):
+        numerator = jnp.broadcast_to(ring.encode(x, self.ctx.frac_bits), aval.shape)
+        product = reciprocal * numerator
+        return self.out(eqn, self.protocol.trunc(self.ctx, product, self.ctx.frac_bits))
+    return self.out(eqn, self.fx.mul(self.arith(x, aval.dtype, aval.shape), reciprocal))
