@@ -86,6 +86,10 @@ def lr_step(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
     return w - 1.0 * (x.T @ (p - y)) / x.shape[0]
 
 
+def argmax_rows(a: jax.Array) -> jax.Array:
+    return jnp.argmax(a, axis=1)
+
+
 def reciprocal(a: jax.Array) -> jax.Array:
     return 1.0 / a
 
@@ -112,6 +116,54 @@ def mlp_loss(params: tuple[jax.Array, jax.Array], x: jax.Array, y: jax.Array) ->
 def mlp_step(w1: jax.Array, w2: jax.Array, x: jax.Array, y: jax.Array) -> Any:
     g1, g2 = jax.grad(mlp_loss)((w1, w2), x, y)
     return w1 - 0.1 * g1, w2 - 0.1 * g2
+
+
+def softmax_by_hand(z: jax.Array) -> jax.Array:
+    e = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))
+    return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+LENET_SHAPES = {
+    "conv1": (6, 1, 5, 5),
+    "conv2": (16, 6, 5, 5),
+    "fc1": (256, 120),
+    "fc2": (120, 84),
+    "fc3": (84, 10),
+}
+
+
+def _conv_relu_pool(x: jax.Array, k: jax.Array) -> jax.Array:
+    """SPU's LeNet block: a VALID stride-1 NCHW convolution, ReLU, 2x2 max-pool."""
+    h = jax.lax.conv_general_dilated(
+        x, k, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW")
+    )
+    h = jax.nn.relu(h)
+    return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+
+
+def lenet(
+    c1: jax.Array, c2: jax.Array, f1: jax.Array, f2: jax.Array, f3: jax.Array, x: jax.Array
+) -> jax.Array:
+    """SPU's LeNet-5: 16x1x28x28 -> 6x12x12 -> 16x4x4 -> 120 -> 84 -> 10, softmax."""
+    h = _conv_relu_pool(_conv_relu_pool(x, c1), c2)
+    h = h.reshape(h.shape[0], -1)
+    h = jax.nn.relu(jax.nn.relu(h @ f1) @ f2)
+    return softmax_by_hand(h @ f3)
+
+
+def lenet_step(*args: jax.Array) -> Any:
+    """One SGD step (rate 0.1) of LeNet on cross-entropy: the five weights updated."""
+    params, x, y = args[:5], args[5], args[6]
+
+    def loss(p: tuple[jax.Array, ...]) -> jax.Array:
+        return -jnp.mean(jnp.sum(y * jnp.log(lenet(*p, x) + 1e-6), axis=-1))
+
+    grads = jax.grad(loss)(params)
+    return tuple(w - 0.1 * g for w, g in zip(params, grads, strict=True))
+
+
+def _flat(values: Any) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in values])
 
 
 @dataclass
@@ -172,6 +224,24 @@ def workloads(quick: bool) -> list[Workload]:
         [np.ravel(np.asarray(v, np.float64)) for v in jax.jit(mlp_step)(w1, w2, xm, ym)]
     )
     out.append(Workload("mlp step 256x64-32-10", mlp_step, (w1, w2, xm, ym), ref_mlp, "max abs"))
+    cnn = np.random.default_rng(1)  # SPU's lenet_data(1), in its order
+    xc = cnn.random((16, 1, 28, 28)).astype(np.float32)
+    weights = tuple(
+        (cnn.normal(size=shape) * 0.1).astype(np.float32) for shape in LENET_SHAPES.values()
+    )
+    yc = np.eye(10, dtype=np.float32)[cnn.integers(0, 10, 16)]
+    ref_infer = np.asarray(jax.jit(lenet)(*weights, xc), np.float64)
+    out.append(Workload("cnn infer lenet 16x28x28", lenet, (*weights, xc), ref_infer, "max abs"))
+    ref_step = _flat(jax.jit(lenet_step)(*weights, xc, yc))
+    out.append(
+        Workload(
+            "cnn train step lenet 16x28x28", lenet_step, (*weights, xc, yc), ref_step, "max abs"
+        )
+    )
+    xa = np.random.default_rng(4).normal(size=(10_000 // s, 10)).astype(np.float32)
+    out.append(
+        Workload(f"argmax {xa.shape[0]}x10", argmax_rows, (xa,), np.argmax(xa, axis=1), "wrong")
+    )
     return out
 
 

@@ -205,17 +205,29 @@ class ABY3(Protocol):
         """Role i's additive share z_i = a_i b_i + a_i b_i+1 + a_i+1 b_i of the product."""
         return a[0] * b[0] + a[0] * b[1] + a[1] * b[0]
 
-    def _dot_cross(self, a: Shares, b: Shares, dimension_numbers: Any) -> jnp.ndarray:
-        z = ring.dot_general(a[0] + a[1], b[0], dimension_numbers)
-        return z + ring.dot_general(a[0], b[1], dimension_numbers)
-
     def mul(self, ctx: Context, a: Shares, b: Shares, bits: int = 0) -> Shares:
         return self._finish_product(ctx, self._cross(a, b), bits, "mul")
 
     def dot_general(
         self, ctx: Context, a: Shares, b: Shares, dimension_numbers: Any, bits: int = 0
     ) -> Shares:
-        return self._finish_product(ctx, self._dot_cross(a, b, dimension_numbers), bits, "dot")
+        def product(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
+            return ring.dot_general(x, y, dimension_numbers)
+
+        return self.bilinear(ctx, a, b, product, bits, "dot")
+
+    def bilinear(
+        self,
+        ctx: Context,
+        a: Shares,
+        b: Shares,
+        product: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray],
+        bits: int = 0,
+        tag: str = "bilinear",
+    ) -> Shares:
+        # Role i's additive share a_i b_i + a_i b_i+1 + a_i+1 b_i, as two products.
+        z = product(a[0] + a[1], b[0]) + product(a[0], b[1])
+        return self._finish_product(ctx, z, bits, tag)
 
     def _finish_product(self, ctx: Context, z: jnp.ndarray, bits: int, tag: str) -> Shares:
         """Replicated shares of sum_i z_i, shifted right by `bits` when `bits` > 0."""

@@ -26,6 +26,7 @@ from mpplug.mpc.rules import (  # noqa: F401  (importing a family registers its 
     bits,
     comparison,
     control,
+    convolution,
     selection,
     structure,
 )

@@ -96,6 +96,18 @@ class Protocol(ABC):
         """`lax.dot_general` of shares, shifted right by `bits` as `mul`."""
 
     @abstractmethod
+    def bilinear(
+        self,
+        ctx: Context,
+        a: Shares,
+        b: Shares,
+        product: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray],
+        bits: int = 0,
+        tag: str = "bilinear",
+    ) -> Shares:
+        """Any ring-bilinear `product` of shares (a convolution), shifted right by `bits`."""
+
+    @abstractmethod
     def trunc(self, ctx: Context, a: Shares, bits: int) -> Shares:
         """Arithmetic right shift by `bits` (fixed-point rescaling), by `ctx.truncation`."""
 

@@ -1,9 +1,11 @@
 """Arithmetic on the ring Z_2^64 as JAX uint64 arrays: fixed-point encoding, arithmetic
-shifts and exact ring matrix products (XLA has no fast uint64 dot, so they go through f64)."""
+shifts and exact ring matrix products and convolutions (XLA has no fast uint64 dot, so they
+go through f64)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -52,13 +54,41 @@ def _chunk_bits(contracted: int) -> int:
 
 
 def dot_general(a: jnp.ndarray, b: jnp.ndarray, dimension_numbers: Any) -> jnp.ndarray:
-    """`lax.dot_general` of uint64 arrays, exact mod 2^64.
+    """`lax.dot_general` of uint64 arrays, exact mod 2^64."""
+    (contract_a, _), _ = dimension_numbers
+    contracted = math.prod(a.shape[d] for d in contract_a)
+
+    def product(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
+        return lax.dot_general(x, y, dimension_numbers, precision=lax.Precision.HIGHEST)
+
+    return exact_bilinear(a, b, product, contracted)
+
+
+def conv(a: jnp.ndarray, b: jnp.ndarray, **params: Any) -> jnp.ndarray:
+    """`lax.conv_general_dilated` (its primitive's parameters) of uint64 arrays, exact mod 2^64:
+    each output sums the kernel's input features times its window."""
+    rhs_spec = params["dimension_numbers"].rhs_spec
+    contracted = b.shape[rhs_spec[1]] * math.prod(b.shape[d] for d in rhs_spec[2:])
+    params = {**params, "precision": lax.Precision.HIGHEST, "preferred_element_type": None}
+
+    def product(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
+        return lax.conv_general_dilated_p.bind(x, y, **params)
+
+    return exact_bilinear(a, b, product, contracted)
+
+
+def exact_bilinear(
+    a: jnp.ndarray,
+    b: jnp.ndarray,
+    product: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray],
+    contracted: int,
+) -> jnp.ndarray:
+    """A bilinear `product` (a matmul, a convolution) of uint64 arrays, exact mod 2^64, each of
+    whose outputs sums at most `contracted` elementwise products.
 
     Operands are split into c-bit chunks with 2c + log2(K) <= 53, so every f64 partial product
     sum is an exact integer; only chunk pairs whose shift stays below 64 bits are multiplied.
     """
-    (contract_a, _), _ = dimension_numbers
-    contracted = math.prod(a.shape[d] for d in contract_a)
     width = _chunk_bits(contracted)
     count = -(-BITS // width)
     mask = np.uint64((1 << width) - 1)
@@ -72,13 +102,7 @@ def dot_general(a: jnp.ndarray, b: jnp.ndarray, dimension_numbers: Any) -> jnp.n
     for shift in range(count):
         part = None
         for i in range(shift + 1):
-            term = lax.dot_general(
-                a_chunks[i],
-                b_chunks[shift - i],
-                dimension_numbers,
-                precision=lax.Precision.HIGHEST,
-            )
-            exact = term.astype(RING)
+            exact = product(a_chunks[i], b_chunks[shift - i]).astype(RING)
             part = exact if part is None else part + exact
         assert part is not None
         shifted = part << np.uint64(shift * width)
