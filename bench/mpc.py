@@ -86,6 +86,10 @@ def lr_step(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
     return w - 1.0 * (x.T @ (p - y)) / x.shape[0]
 
 
+def index_table(t: jax.Array, i: jax.Array) -> jax.Array:
+    return t[i]
+
+
 def argmax_rows(a: jax.Array) -> jax.Array:
     return jnp.argmax(a, axis=1)
 
@@ -238,10 +242,19 @@ def workloads(quick: bool) -> list[Workload]:
             "cnn train step lenet 16x28x28", lenet_step, (*weights, xc, yc), ref_step, "max abs"
         )
     )
+    for n, seed in ((10_000 // s, 2), (100_000 // s, 3)):
+        xs = np.random.default_rng(seed).uniform(-100, 100, n).astype(np.float32)
+        name = f"sort 1e{round(np.log10(n))}"
+        out.append(Workload(name, jnp.sort, (xs,), np.sort(xs).astype(np.float64), "max abs"))
     xa = np.random.default_rng(4).normal(size=(10_000 // s, 10)).astype(np.float32)
     out.append(
         Workload(f"argmax {xa.shape[0]}x10", argmax_rows, (xa,), np.argmax(xa, axis=1), "wrong")
     )
+    lookup = np.random.default_rng(5)
+    table = lookup.normal(size=1000).astype(np.float32)
+    idx = lookup.integers(0, 1000, 10_000 // s).astype(np.int32)
+    name = f"secret index 1e{round(np.log10(idx.size))} of 1000"
+    out.append(Workload(name, index_table, (table, idx), table[idx].astype(np.float64), "max abs"))
     return out
 
 

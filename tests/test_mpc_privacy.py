@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
@@ -64,6 +66,18 @@ def millionaire(a: Any, b: Any) -> Any:
 @mp.function
 def matmul(a: Any, b: Any) -> Any:
     return mp.mpc.reveal(mp.mpc.run(lambda u, v: u @ v, a, b), to=1)
+
+
+def sort_index_branch(x: Any, i: Any) -> Any:
+    """A sort's swaps, a read at secret indices and a secret branch: what they do depends on
+    the secrets, what a party receives must not."""
+    branch = jax.lax.cond(x[0] > 0, lambda v: v * 2.0, lambda v: -v, x)
+    return jnp.sort(x), x[i], branch
+
+
+@mp.function
+def selections(a: Any, b: Any) -> Any:
+    return mp.mpc.reveal(mp.mpc.run(sort_index_branch, a, b), to=0)
 
 
 def sealing(truncation: str) -> Any:
@@ -241,6 +255,25 @@ def test_matmul_views_are_uniform_secret_independent_and_free_of_inputs_and_resu
     # the fused product and precise truncation send to roles 0 and 1; role 2 deals
     assert sorted(seen["A"][ROUND]) == [0, 1]
     check_views("matmul", secrets, seen)
+
+
+def test_sort_secret_index_and_secret_branch_views_are_uniform_and_secret_independent():
+    """Secret A: x ascending and positive, indices 0..15 twice (no swap, the first branch);
+    secret B: x descending and negative, indices 15..0 twice (swaps, the other branch)."""
+    seen, secrets = {}, {}
+    cases = {
+        "A": (np.linspace(1.0, 16.0, 16), np.tile(np.arange(16, dtype=np.int32), 2)),
+        "B": (np.linspace(-1.0, -16.0, 16), np.tile(np.arange(15, -1, -1, dtype=np.int32), 2)),
+    }
+    with RecordingSimulator(3, timeout=TIMEOUT) as sim:
+        for name, (x, i) in cases.items():
+            out, seen[name] = views(sim, selections, sim.put(0, x), sim.put(1, i))
+            ordered, read, branch = sim.fetch(out, party=0)
+            np.testing.assert_allclose(ordered, np.sort(x), atol=2.0**-F)
+            np.testing.assert_allclose(read, x[i], atol=2.0**-F)
+            np.testing.assert_allclose(branch, x * 2.0 if x[0] > 0 else -x, atol=2.0**-F)
+            secrets[name] = {0: _words(encode(x)), 1: _words(i)}
+    check_views("sort, secret index, secret branch", secrets, seen)
 
 
 def product_views(truncation: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:

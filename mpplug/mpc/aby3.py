@@ -347,6 +347,29 @@ class ABY3(Protocol):
             width = half
         return (top ^ g) & np.uint64(1)
 
+    def low_bits(self, ctx: Context, a: Shares, width: int) -> Shares:
+        # The carry-save adder of the three shares' low bits, then a Kogge-Stone adder over
+        # `width` bits (generate and propagate are never both set: OR is XOR). Rounds:
+        # 2 + ceil(log2 width), each an AND of width-bit words.
+        mask = _u64((1 << width) - 1)
+        x0, x1, x2 = (self.lift_slot(ctx, a, j) & mask for j in range(3))
+        s = x0 ^ x1 ^ x2
+        c = ((self.and_(ctx, x0 ^ x2, x1 ^ x2, width) ^ x2) << np.uint64(1)) & mask
+        g = self.and_(ctx, s, c, width)
+        p = s ^ c
+        step = 1
+        while step < width:
+            shift = np.uint64(step)
+            both = self.and_(
+                ctx,
+                jnp.stack([p, p], axis=1),
+                jnp.stack([(g << shift) & mask, (p << shift) & mask], axis=1),
+                width,
+            )
+            g, p = g ^ both[:, 0], both[:, 1]
+            step *= 2
+        return (s ^ c ^ (g << np.uint64(1))) & mask
+
     def b2a(self, ctx: Context, bit: Shares) -> Shares:
         b0, b1, b2 = (self.lift_slot(ctx, bit & np.uint64(1), j) for j in range(3))
         t = b0 + b1 - (self.mul(ctx, b0, b1) << np.uint64(1))

@@ -8,9 +8,10 @@ operands are all public runs as itself. Inner jaxprs (pjit, custom_jvp/vjp, rema
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
@@ -27,6 +28,7 @@ from mpplug.mpc.rules import (  # noqa: F401  (importing a family registers its 
     comparison,
     control,
     convolution,
+    indexing,
     selection,
     structure,
 )
@@ -69,8 +71,6 @@ _STRUCTURAL = (
     "rev",
     "copy",
     "copy_p",
-    "dynamic_slice",
-    "gather",
     "reduce_precision",
 )
 """Rearrange elements only: applied to each share, for either kind of shares."""
@@ -158,6 +158,18 @@ class Interpreter:
                 env[v] = out
         return [read(v) for v in jaxpr.outvars]
 
+    def eval_as(self, fn: Callable[..., Any], values: Sequence[Value]) -> list[Value]:
+        """Interpret the plain JAX function `fn` on `values` (a rule written as JAX code
+        made of primitives that have rules)."""
+        avals = [
+            jax.ShapeDtypeStruct(v.shape, v.dtype)
+            if isinstance(v, Secret)
+            else jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
+            for v in values
+        ]
+        closed = jax.make_jaxpr(fn)(*avals)
+        return self.eval(closed.jaxpr, closed.consts, values)
+
     def apply(self, eqn: JaxprEqn, values: list[Value]) -> Any:
         name = eqn.primitive.name
         if name in _INLINED:
@@ -210,6 +222,11 @@ class Interpreter:
 
     def linear(self, eqn: JaxprEqn, values: list[Value], data: tuple[int, ...] | None) -> Secret:
         positions = list(range(len(values)) if data is None else data)
+        if any(isinstance(v, Secret) for i, v in enumerate(values) if i not in positions):
+            raise TraceError(
+                f"{self.where}: {eqn.primitive.name} with a secret index is not supported; "
+                f"{UNSUPPORTED_HINT}"
+            )
         aval = out_aval(eqn)
         elementwise = eqn.primitive.name in ("add", "sub", "add_any")
         shape = aval.shape if elementwise else None

@@ -124,5 +124,9 @@ class Protocol(ABC):
         """Boolean shares (bit 0) of the top bit of arithmetic shares: the sign."""
 
     @abstractmethod
+    def low_bits(self, ctx: Context, a: Shares, width: int) -> Shares:
+        """Boolean shares of arithmetic shares' value mod 2^width (bits 0..width-1)."""
+
+    @abstractmethod
     def b2a(self, ctx: Context, bit: Shares) -> Shares:
         """Arithmetic shares of a shared bit (bit 0 of boolean shares)."""

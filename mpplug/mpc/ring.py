@@ -32,8 +32,9 @@ ENCODE_LIMIT = 2.0**62
 
 def encode(x: Any, frac_bits: int) -> jnp.ndarray:
     """Reals in fixed point: round(x * 2^frac_bits) in two's complement, clamped to
-    +-2^62 (values beyond, such as +-inf, become the extremes)."""
-    scaled = jnp.round(jnp.asarray(x, jnp.float64) * (2.0**frac_bits))
+    +-2^62 (values beyond, such as +-inf, become the extremes); a public NaN (a branch
+    `jnp.median` or `nan*` functions select away) encodes as 0."""
+    scaled = jnp.round(jnp.nan_to_num(jnp.asarray(x, jnp.float64), nan=0.0) * (2.0**frac_bits))
     scaled = jnp.clip(scaled, -ENCODE_LIMIT, ENCODE_LIMIT - 1024.0)
     return scaled.astype(jnp.int64).astype(RING)
 

@@ -13,12 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import JaxprEqn
 
-from mpplug.errors import TraceError
 from mpplug.mpc import ring
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
 from mpplug.mpc.rules.bits import not_bit
-from mpplug.mpc.secret import UNSUPPORTED_HINT, Secret, Value, is_float, out_aval
+from mpplug.mpc.secret import Secret, Value, broadcast_shares, is_float, out_aval
 
 if TYPE_CHECKING:
     from mpplug.mpc.interpreter import Interpreter
@@ -100,13 +99,27 @@ def _select_n(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
             eqn,
             self.protocol.local(lambda *parts: eqn.primitive.bind(pred, *parts, **params), *shares),
         )
-    if len(cases) != 2:
-        raise TraceError(
-            f"{self.where}: select_n with a secret index over {len(cases)} cases is not "
-            f"supported (only a secret bool over two); {UNSUPPORTED_HINT}"
-        )
-    bit = self.arith(pred, np.int64, aval.shape)
-    return self.out(eqn, shares[0] + self.protocol.mul(self.ctx, bit, shares[1] - shares[0]))
+    return self.out(eqn, choose(self, pred, shares, aval.shape))
+
+
+def choose(self: Interpreter, which: Secret, cases: list[Shares], shape: Sequence[int]) -> Shares:
+    """Shares of cases[which] for a secret bool or an index in [0, n), elementwise (a scalar
+    index picks whole cases). Two cases: which times their difference (the bit to arithmetic
+    and one product: 3 rounds). More: a one-hot of which by n equality tests side by side
+    (8 rounds), the bits to arithmetic, and one product per case, summed (3 rounds)."""
+    if len(cases) == 2:
+        bit = self.arith(which, np.int64, shape)
+        return cases[0] + self.protocol.mul(self.ctx, bit, cases[1] - cases[0])
+    index = broadcast_shares(self.arith(which, np.int64), shape)
+    n = len(cases)
+    candidates = jnp.broadcast_to(
+        jnp.arange(n, dtype=ring.RING).reshape(n, *([1] * len(shape))), (n, *shape)
+    )
+    d = index[:, None] - self.protocol.lift(self.ctx, candidates)
+    both = self.protocol.msb(self.ctx, jnp.stack([d, -d], axis=1))
+    onehot = self.protocol.b2a(self.ctx, not_bit(self, both[:, 0] ^ both[:, 1]))
+    picked = self.protocol.mul(self.ctx, onehot, jnp.stack(cases, axis=1))
+    return jnp.sum(picked, axis=1, dtype=ring.RING)
 
 
 @rule("max", "min")

@@ -1,13 +1,29 @@
-"""Reductions to an extremum over an axis (reduce_max/min, argmax/argmin): a tournament of
-ceil(log2 n) levels, each one comparison and one selection (11 rounds per level); ties keep the
-lower index, as numpy does.
+"""Selection on secrets: reductions to an extremum and sorting.
+
+`reduce_max`/`min` and `argmax`/`argmin` over an axis: a tournament of ceil(log2 n) levels,
+each one comparison and one selection (11 rounds per level); ties keep the lower index, as
+numpy does.
+
+`sort` (one or several operands, any number of keys; `jnp.sort`, `argsort`, `lexsort`,
+`median`, `quantile`) and `top_k`: Batcher's bitonic sorting network (Batcher, "Sorting
+networks and their applications", AFIPS 1968), data-oblivious as SPU's and CrypTen's sorts
+are: the axis is padded to m = 2^ceil(log2 n) with copies of the largest key, then
+log2(m)(log2(m) + 1)/2 layers each run m/2 compare-exchanges, one comparison (lexicographic
+over the keys, one comparison and one equality more per extra key) and one selection per
+operand: 11 rounds a layer for one key. With operands beyond the keys (argsort) the original
+position is one more key, so equal keys keep their order (stable, as JAX sorts). The layers
+are one loop of the share program (its body traced and compiled once), not unrolled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 from jax.extend.core import JaxprEqn
 
 from mpplug.mpc.protocol import Shares
@@ -65,3 +81,108 @@ def _argmax(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     _, index = reduce_extremum(self, x, axis, largest, True, values[0].dtype)
     assert index is not None
     return self.out(eqn, index)
+
+
+@rule("sort")
+def _sort(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
+    params = eqn.params
+    network = _bitonic(len(values), int(params["num_keys"]), int(params["dimension"]))
+    return _eval_as(self, network, eqn, values)
+
+
+@rule("top_k")
+def _top_k(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
+    """The k largest along the last axis, largest first, equal values in index order: a
+    stable sort of the negated values beside their positions, its first k."""
+    k = int(eqn.params["k"])
+    axis = int(eqn.params.get("axis", -1))
+
+    def top(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = jnp.moveaxis(x, axis, -1)
+        position = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+        keys, order = lax.sort((-x, position), dimension=x.ndim - 1, num_keys=1)
+        return jnp.moveaxis(-keys[..., :k], -1, axis), jnp.moveaxis(order[..., :k], -1, axis)
+
+    return _eval_as(self, top, eqn, values)
+
+
+def _eval_as(
+    self: Interpreter, fn: Callable[..., Any], eqn: JaxprEqn, values: list[Value]
+) -> list[Value] | Value:
+    """Interpret `fn` (plain JAX made of primitives with rules) in place of `eqn`."""
+    outs = self.eval_as(fn, values)
+    return outs if eqn.primitive.multiple_results else outs[0]
+
+
+def _layers(m: int) -> np.ndarray:
+    """(j, k, log2 j) of each layer of a bitonic network over m = 2^p elements."""
+    rows = []
+    k = 2
+    while k <= m:
+        j = k // 2
+        while j >= 1:
+            rows.append((j, k, j.bit_length() - 1))
+            j //= 2
+        k *= 2
+    return np.asarray(rows, np.int32)
+
+
+def _bitonic(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[jax.Array, ...]]:
+    """`lax.sort(operands, dimension, num_keys)` as a bitonic network in plain JAX."""
+
+    def network(*operands: jax.Array) -> tuple[jax.Array, ...]:
+        ops = [jnp.moveaxis(o, dimension, -1) for o in operands]
+        n = ops[0].shape[-1]
+        if n < 2:
+            return tuple(operands)
+        keys = num_keys
+        if count > num_keys:  # positions as a last key: stable, and pads stay behind
+            ops.insert(keys, lax.broadcasted_iota(jnp.int32, ops[0].shape, ops[0].ndim - 1))
+            keys += 1
+        m = 1 << (n - 1).bit_length()
+        if m > n:
+            ops = [_pad(o, m, i < keys) for i, o in enumerate(ops)]
+        table = jnp.asarray(_layers(m))
+        half = jnp.arange(m // 2, dtype=jnp.int32)
+        whole = jnp.arange(m, dtype=jnp.int32)
+
+        def layer(t: jax.Array, state: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            j, k, q = table[t, 0], table[t, 1], table[t, 2]
+            lo = ((half >> q) << (q + 1)) | (half & (j - 1))
+            hi = lo | j
+            up = (lo & k) == 0
+            a = [jnp.take(o, lo, axis=-1, mode="clip") for o in state]
+            b = [jnp.take(o, hi, axis=-1, mode="clip") for o in state]
+            first = [jnp.where(up, x, y) for x, y in zip(a[:keys], b[:keys], strict=True)]
+            second = [jnp.where(up, y, x) for x, y in zip(a[:keys], b[:keys], strict=True)]
+            swap = _less(second, first)
+            out = []
+            for x, y in zip(a, b, strict=True):
+                low = jnp.where(swap, y, x)
+                merged = jnp.concatenate([low, x + y - low], axis=-1)
+                packed = ((whole >> (q + 1)) << q) | (whole & (j - 1))
+                back = jnp.where((whole & j) == 0, packed, m // 2 + packed)
+                out.append(jnp.take(merged, back, axis=-1, mode="clip"))
+            return tuple(out)
+
+        ops = list(lax.fori_loop(0, len(_layers(m)), layer, tuple(ops)))
+        if count > num_keys:
+            del ops[num_keys]
+        return tuple(jnp.moveaxis(o[..., :n], -1, dimension) for o in ops)
+
+    return network
+
+
+def _pad(x: jax.Array, m: int, key: bool) -> jax.Array:
+    """`x` padded along its last axis to m: keys with their largest value (never ahead of a
+    real element once positions break ties), other operands with zeros."""
+    fill = jnp.max(x, axis=-1, keepdims=True) if key else jnp.zeros((*x.shape[:-1], 1), x.dtype)
+    return jnp.concatenate([x, jnp.broadcast_to(fill, (*x.shape[:-1], m - x.shape[-1]))], -1)
+
+
+def _less(a: list[jax.Array], b: list[jax.Array]) -> jax.Array:
+    """Lexicographic a < b over lists of keys."""
+    below = a[-1] < b[-1]
+    for x, y in zip(reversed(a[:-1]), reversed(b[:-1]), strict=True):
+        below = (x < y) | ((x == y) & below)
+    return below

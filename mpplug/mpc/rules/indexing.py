@@ -1,0 +1,150 @@
+"""Reading a table at secret indices: `gather` (`table[i]`, `jnp.take` along one axis) and
+`dynamic_slice` with secret start indices.
+
+A secret index i into n rows reads sum_r onehot(i)_r * table_r, the one-hot built without
+an equality test per row: the low b = ceil(log2 n) bits of i are decomposed (a carry-save and
+Kogge-Stone adder over b bits: 2 + ceil(log2 b) rounds), turned arithmetic (3 rounds), and
+split into a high and a low half. Each half's one-hot (2^(b/2) entries) is built bit by bit,
+one product per entry (b/2 rounds), the table is read as a 2^(b/2) x 2^(b/2) grid: a ring
+matrix product with the high one-hot picks a row of the grid (1 round), a product with the low
+one-hot and a sum picks the element (1 round). Per index about 2 sqrt(n) + b products instead
+of n comparisons (the square-root trick of oblivious lookups; Keller and Scholl, "Efficient,
+oblivious data structures for MPC", ASIACRYPT 2014, discuss the same costs). A table row past
+n reads 0; an index outside [0, 2^b) reads the row it equals mod 2^b.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import JaxprEqn
+
+from mpplug.errors import TraceError
+from mpplug.mpc import ring
+from mpplug.mpc.protocol import Shares
+from mpplug.mpc.rules import rule
+from mpplug.mpc.secret import UNSUPPORTED_HINT, Secret, Value, out_aval
+
+if TYPE_CHECKING:
+    from mpplug.mpc.interpreter import Interpreter
+
+
+@rule("gather")
+def _gather(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    operand, indices = values
+    if not isinstance(indices, Secret):
+        return self.structural(eqn, values)
+    params = eqn.params
+    dims = params["dimension_numbers"]
+    axis = _single_axis(self, eqn, operand, dims, params["slice_sizes"])
+    aval = out_aval(eqn)
+    rows = read_rows(self, operand, axis, self.arith(indices, np.int64)[..., 0], aval.dtype)
+    batch_rank = len(indices.shape) - 1
+    rest = list(range(batch_rank, rows.ndim - 1))
+    batch = list(range(batch_rank))
+    order = [rest.pop(0) if p in dims.offset_dims else batch.pop(0) for p in range(rows.ndim - 1)]
+    return self.out(eqn, self.protocol.local(lambda s: jnp.transpose(s, order), rows))
+
+
+@rule("dynamic_slice")
+def _dynamic_slice(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """Slices along each axis in turn: a public start slices the shares, a secret one (clamped
+    into [0, n - size] as lax does) reads `size` consecutive rows by `read_rows`."""
+    operand, *starts = values
+    if not any(isinstance(s, Secret) for s in starts):
+        return self.structural(eqn, values)
+    dtype = out_aval(eqn).dtype
+    shares = self.arith(operand, dtype)
+    for axis, (start, size) in enumerate(zip(starts, eqn.params["slice_sizes"], strict=True)):
+        n = shares.shape[1 + axis]
+        if isinstance(start, Secret):
+            (first,) = self.eval_as(lambda v, n=n, z=size: jnp.clip(v, 0, n - z), [start])
+            at = self.arith(first, np.int64)[:, None] + self.protocol.lift(
+                self.ctx, jnp.arange(size, dtype=ring.RING)
+            )
+            table = Secret(shares, tuple(shares.shape[1:]), np.dtype(dtype))
+            rows = read_rows(self, table, axis, at, dtype)  # (2, size, *other axes)
+            shares = jnp.moveaxis(rows, 1, 1 + axis)
+        else:
+            begin = jnp.clip(jnp.asarray(start), 0, n - size)
+            shares = self.protocol.local(
+                lambda s, a=axis, b=begin, z=size: lax.dynamic_slice_in_dim(s, b, z, a), shares
+            )
+    return self.out(eqn, shares)
+
+
+def read_rows(self: Interpreter, table: Value, axis: int, index: Shares, dtype: Any) -> Shares:
+    """Shares of table's rows (along `axis`) at each secret index: (*index shape, *table
+    without `axis`)."""
+    n = int(np.shape(table)[axis]) if not isinstance(table, Secret) else table.shape[axis]
+    width = max(1, (n - 1).bit_length())
+    bits = self.protocol.low_bits(self.ctx, index, width)
+    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
+    digits = self.protocol.b2a(self.ctx, planes)  # (2, width, *index shape)
+    low_width = width // 2
+    shape = index.shape[1:]
+    low = _one_hot(self, [digits[:, j] for j in range(low_width)], shape)
+    high = _one_hot(self, [digits[:, j] for j in range(low_width, width)], shape)
+    grid_shape = (1 << (width - low_width), 1 << low_width)
+    if isinstance(table, Secret):
+        cells = self.protocol.local(lambda s: _grid(s, axis, n, grid_shape), table.shares)
+    else:
+        cells = jnp.asarray(_grid(self.encode(table, dtype), axis, n, grid_shape))
+    rest = cells.shape[2:] if not isinstance(table, Secret) else cells.shape[3:]
+    index_rank = index.ndim - 1
+    contract = (((index_rank,), (0,)), ((), ()))
+    if isinstance(table, Secret):
+        picked = self.protocol.dot_general(self.ctx, high, cells, contract)
+    else:
+        picked = self.protocol.local(lambda h: ring.dot_general(h, cells, contract), high)
+    # picked: (2, *index shape, 2^low, *rest); weight each candidate by the low one-hot
+    weights = low.reshape(*low.shape, *([1] * len(rest)))
+    chosen = self.protocol.mul(self.ctx, jnp.broadcast_to(weights, picked.shape), picked)
+    return jnp.sum(chosen, axis=1 + index_rank, dtype=ring.RING)
+
+
+def _one_hot(self: Interpreter, digits: list[Shares], shape: tuple[int, ...]) -> Shares:
+    """Arithmetic one-hot (2, *shape, 2^len(digits)) of the number whose binary digits, lowest
+    first, are the arithmetic 0/1 shares `digits`: one product per entry, a round per digit
+    after the first."""
+    onehot = self.protocol.lift(self.ctx, jnp.ones((*shape, 1), ring.RING))
+    if not digits:
+        return onehot
+    first = digits[0]
+    onehot = jnp.concatenate([onehot - first[..., None], first[..., None]], axis=-1)
+    for digit in digits[1:]:
+        spread = jnp.broadcast_to(digit[..., None], onehot.shape)
+        upper = self.protocol.mul(self.ctx, onehot, spread)
+        onehot = jnp.concatenate([onehot - upper, upper], axis=-1)
+    return onehot
+
+
+def _grid(table: jnp.ndarray, axis: int, n: int, grid: tuple[int, int]) -> jnp.ndarray:
+    """The table's rows along `axis`, zero-padded to high x low and laid out as that grid."""
+    rows = jnp.moveaxis(table, axis, 0)
+    padded = jnp.pad(rows, [(0, grid[0] * grid[1] - n)] + [(0, 0)] * (rows.ndim - 1))
+    return padded.reshape(*grid, *rows.shape[1:])
+
+
+def _single_axis(
+    self: Interpreter, eqn: JaxprEqn, operand: Value, dims: Any, slice_sizes: Any
+) -> int:
+    """The one operand axis a gather with secret indices reads whole rows along."""
+    shape = np.shape(operand) if not isinstance(operand, Secret) else operand.shape
+    if (
+        len(dims.start_index_map) == 1
+        and tuple(dims.collapsed_slice_dims) == tuple(dims.start_index_map)
+        and not getattr(dims, "operand_batching_dims", ())
+        and all(
+            size == (1 if d == dims.start_index_map[0] else shape[d])
+            for d, size in enumerate(slice_sizes)
+        )
+    ):
+        return int(dims.start_index_map[0])
+    raise TraceError(
+        f"{self.where}: gather with secret indices is supported for reading whole rows along "
+        f"one axis (table[i], jnp.take(table, i, axis)), not {dims}; {UNSUPPORTED_HINT}"
+    )

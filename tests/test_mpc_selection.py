@@ -1,0 +1,99 @@
+"""Sorting, secret control flow and secret indexing inside `mp.mpc.run`, against plain JAX:
+`jnp.sort` (any axis, descending), a stable `argsort` with ties, `lax.top_k`, `jnp.median`;
+`lax.cond` / `lax.switch` / `select_n` over three cases with secret predicates and indices;
+`table[i]` and `jnp.take` with secret indices into secret and public tables (negative indices
+too) and `lax.dynamic_slice` with secret starts (clamped as lax clamps them). Then what is
+refused, with the primitive and the way out named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import mpplug as mp
+from mpplug.errors import TraceError
+
+rng = np.random.default_rng(11)
+X = rng.normal(size=(3, 9)).astype(np.float32)
+X[1, 2] = X[1, 6]  # a tie
+K = np.array([3, -1, 3, 0, -1, 3, 2], np.int32)  # ties: argsort keeps their order
+T = rng.normal(size=(37,)).astype(np.float32)
+IDX = np.array([[0, 36, 5], [17, 17, 2]], np.int32)
+J = np.int32(2)
+PUBLIC = rng.normal(size=(37,)).astype(np.float32)
+
+
+def computations(x: Any, k: Any, t: Any, i: Any, j: Any) -> dict[str, Any]:
+    m = x[:, :6]
+    return {
+        "sort_rows": jnp.sort(x, axis=1),
+        "sort_columns": jnp.sort(x, axis=0),
+        "sort_descending": jnp.sort(x[0], descending=True),
+        "argsort_stable": jnp.argsort(k),
+        "sort_ints": jnp.sort(k),
+        "top_k": lax.top_k(x, 3),
+        "median": jnp.median(x, axis=1),
+        "cond": lax.cond(x[0, 0] > 0, lambda v: (v * 2, v > 0), lambda v: (v - 1, v < 0), x[0]),
+        "switch": lax.switch(
+            j, [lambda v: v, lambda v: v * v, lambda v: -v, lambda v: v + 3], x[1]
+        ),
+        "select_n_3": lax.select_n(jnp.clip(j - 1 + (x[2] > 0), 0, 2), x[0], -x[1], 2 * x[2]),
+        "take": t[i],
+        "take_public_table": jnp.asarray(PUBLIC)[i],
+        "take_negative": t[-j],
+        "take_columns": jnp.take(m, jnp.minimum(i[0], 5), axis=1),
+        "dynamic_slice": lax.dynamic_slice(m, (j - 1, 2), (2, 3)),
+        "dynamic_slice_clamped": lax.dynamic_slice(m, (j + 4, j), (2, 3)),
+    }
+
+
+@pytest.mark.slow
+def test_sorting_secret_branches_and_secret_indices_compute_what_jax_computes():
+    @mp.function
+    def program(*args: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(computations, *mp.mpc.seal(args)), to=0)
+
+    with mp.Simulator(3) as sim:
+        handles = [sim.put(n % 3, v) for n, v in enumerate((X, K, T, IDX, J))]
+        got = sim.fetch(sim.evaluate(program, *handles), party=0)
+    want = computations(X, K, T, IDX, J)
+    assert set(got) == set(want)
+    for name in want:
+        for g, w in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name]), strict=True):
+            g, w = np.asarray(g), np.asarray(w)
+            assert g.shape == w.shape and g.dtype == w.dtype, name
+            if np.issubdtype(w.dtype, np.floating):
+                np.testing.assert_allclose(g, w, atol=1e-5, err_msg=name)
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def refused(fn: Any, *args: np.ndarray) -> str:
+    @mp.function
+    def program(*values: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(fn, *mp.mpc.seal(values)), to=0)
+
+    with mp.Simulator(3) as sim, pytest.raises(TraceError) as caught:
+        sim.compile(program, *(sim.put(0, a) for a in args))
+    return str(caught.value)
+
+
+def test_a_while_loop_on_secrets_is_refused_with_the_way_out():
+    message = refused(lambda x: lax.while_loop(lambda v: v[0] < 10, lambda v: v * 2, x), X[0])
+    assert "lax.while_loop on secrets is not supported" in message
+    assert "lax.fori_loop with constant bounds" in message
+
+
+def test_a_gather_at_secret_points_of_two_axes_is_refused_naming_what_works():
+    message = refused(lambda m, i: m[i, i], X, np.array([0, 1], np.int32))
+    assert "gather with secret indices is supported for reading whole rows" in message
+
+
+def test_an_update_at_a_secret_position_is_refused():
+    message = refused(lambda x, j: lax.dynamic_update_slice(x, x[:2], (j,)), X[0], J)
+    assert "dynamic_update_slice with a secret index is not supported" in message
