@@ -1,17 +1,30 @@
-"""Logic on secret bits held as XOR shares of bit 0: XOR and NOT are local; AND is one round of
-ABY3's boolean product (1 byte per element per party); AND and OR over an axis are trees of
-ceil(log2 n) such rounds.
+"""Bitwise logic on secrets.
+
+Bools are XOR shares of bit 0: XOR and NOT are local; AND is one round of ABY3's boolean
+product (1 byte per element per party); AND and OR over an axis are trees of ceil(log2 n) such
+rounds.
+
+Integers of w bits (int8 to uint64) are held as arithmetic shares; bitwise logic decomposes
+them into XOR shares of their w bits (`low_bits`: a carry-save and Kogge-Stone adder, 2 +
+ceil(log2 w) rounds), works on the bits (XOR local, AND one round, a public operand local)
+and converts back by turning each bit arithmetic (3 rounds, 2 products per bit) and weighing
+it, the top bit by -2^(w-1) for signed types: the dtype's own two's complement, wrapped as JAX
+wraps. `not` is -1 - x, `shift_left` a product by 2^k (both local); `shift_right_logical` and
+`shift_right_arithmetic` by public amounts and `population_count` reweigh the bits.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import JaxprEqn
 
 from mpplug.errors import TraceError
+from mpplug.mpc import ring
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
 from mpplug.mpc.secret import UNSUPPORTED_HINT, Secret, Value, broadcast_shares, out_aval
@@ -27,15 +40,54 @@ def not_bit(self: Interpreter, bits: Shares) -> Shares:
 def require_bool(self: Interpreter, eqn: JaxprEqn) -> None:
     if out_aval(eqn).dtype != jnp.bool_:
         raise TraceError(
-            f"{self.where}: bitwise {eqn.primitive.name} on secret integers is not supported "
-            f"(only on bools); {UNSUPPORTED_HINT}"
+            f"{self.where}: {eqn.primitive.name} on secret {out_aval(eqn).dtype} is supported "
+            f"only on bools; {UNSUPPORTED_HINT}"
         )
+
+
+def width_of(dtype: Any) -> int:
+    return int(np.dtype(dtype).itemsize * 8)
+
+
+def word_bits(self: Interpreter, x: Value, dtype: Any, shape: Sequence[int]) -> Shares:
+    """XOR shares of the w low bits of an integer (w its dtype's width), as one word."""
+    width = width_of(dtype)
+    if isinstance(x, Secret):
+        shares = broadcast_shares(self.arith(x, dtype), shape)
+        return self.protocol.low_bits(self.ctx, shares, width)
+    public = jnp.broadcast_to(ring.to_ring(jnp.asarray(x)), shape) & _mask(width)
+    return self.protocol.lift(self.ctx, public)
+
+
+def from_bits(self: Interpreter, bits: Shares, dtype: Any, weights: Sequence[int]) -> Shares:
+    """Arithmetic shares of sum_j weights[j] * bit_j of XOR-shared bits (weights in the ring,
+    negative ones as two's complement)."""
+    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(len(weights))], 1)
+    digits = self.protocol.b2a(self.ctx, planes)
+    scale = np.asarray([w & 0xFFFFFFFFFFFFFFFF for w in weights], np.uint64)
+    scale = scale.reshape(len(weights), *([1] * (digits.ndim - 2)))
+    return jnp.sum(digits * scale, axis=1, dtype=ring.RING)
+
+
+def value_weights(dtype: Any) -> list[int]:
+    """Each bit's weight in a `dtype` value: 2^j, the top one -2^(w-1) when signed."""
+    width = width_of(dtype)
+    weights = [1 << j for j in range(width)]
+    if jnp.issubdtype(dtype, jnp.signedinteger):
+        weights[-1] = -weights[-1]
+    return weights
+
+
+def _mask(width: int) -> np.uint64:
+    return np.uint64((1 << width) - 1)
 
 
 @rule("and", "or", "xor")
 def _logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
-    require_bool(self, eqn)
-    shape = out_aval(eqn).shape
+    aval = out_aval(eqn)
+    if aval.dtype != jnp.bool_:
+        return self.out(eqn, _integer_logic(self, eqn.primitive.name, values, aval))
+    shape = aval.shape
     a, b = (broadcast_shares(s, shape) for s in map(self.boolean, values))
     if eqn.primitive.name == "xor":
         return self.out(eqn, a ^ b, boolean=True)
@@ -75,7 +127,75 @@ def _reduce_logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Valu
     return self.out(eqn, not_bit(self, out) if is_or else out, boolean=True)
 
 
+def _integer_logic(self: Interpreter, name: str, values: list[Value], aval: Any) -> Shares:
+    """and/or/xor of integers through their bits; a public operand's bits stay public."""
+    secret = [v for v in values if isinstance(v, Secret)]
+    public = [v for v in values if not isinstance(v, Secret)]
+    bits = word_bits(self, secret[0], aval.dtype, aval.shape)
+    if public:
+        mask = jnp.broadcast_to(ring.to_ring(jnp.asarray(public[0])), aval.shape)
+        mask = mask & _mask(width_of(aval.dtype))
+        both = self.protocol.local(lambda s: s & mask, bits)
+        other = self.protocol.lift(self.ctx, mask)
+    else:
+        other = word_bits(self, secret[1], aval.dtype, aval.shape)
+        both = self.protocol.and_(self.ctx, bits, other, bits=width_of(aval.dtype))
+    result = {"and": both, "xor": bits ^ other, "or": bits ^ other ^ both}[name]
+    return from_bits(self, result, aval.dtype, value_weights(aval.dtype))
+
+
 @rule("not")
 def _logical_not(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
-    require_bool(self, eqn)
+    aval = out_aval(eqn)
+    if aval.dtype != jnp.bool_:  # ~x = -1 - x (2^w - 1 - x unsigned), local
+        top = (
+            -1 if jnp.issubdtype(aval.dtype, jnp.signedinteger) else (1 << width_of(aval.dtype)) - 1
+        )
+        ones = self.protocol.lift(
+            self.ctx, jnp.full(aval.shape, np.uint64(top & 0xFFFFFFFFFFFFFFFF))
+        )
+        return self.out(eqn, ones - self.arith(values[0], aval.dtype))
     return self.out(eqn, not_bit(self, self.boolean(values[0])), boolean=True)
+
+
+@rule("shift_left", "shift_right_logical", "shift_right_arithmetic")
+def _shift(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    x, amount = values
+    aval = out_aval(eqn)
+    name = eqn.primitive.name
+    if isinstance(amount, Secret | jax.core.Tracer):
+        raise TraceError(
+            f"{self.where}: {name} by a secret or traced amount is not supported (only by "
+            f"constants); {UNSUPPORTED_HINT}"
+        )
+    shifts = np.broadcast_to(np.asarray(amount, np.int64), aval.shape)
+    if np.unique(shifts).size != 1:
+        raise TraceError(
+            f"{self.where}: {name} by amounts that differ per element is not supported; "
+            f"{UNSUPPORTED_HINT}"
+        )
+    k = int(shifts.reshape(-1)[0]) if shifts.size else 0
+    width = width_of(aval.dtype)
+    shares = self.arith(x, aval.dtype, aval.shape)
+    if name == "shift_left":
+        factor = np.uint64((1 << k) & 0xFFFFFFFFFFFFFFFF) if 0 <= k < width else np.uint64(0)
+        return self.out(eqn, shares * factor)
+    if k == 0:
+        return self.out(eqn, shares)
+    arithmetic = name == "shift_right_arithmetic"
+    weights = value_weights(aval.dtype) if arithmetic else [1 << j for j in range(width)]
+    k = min(max(k, 0), width - (1 if arithmetic else 0))
+    if k >= width:  # a logical shift past the width is 0
+        return self.out(eqn, shares - shares)
+    shifted = [0] * k + [w >> k if w > 0 else -((-w) >> k) for w in weights[k:]]
+    bits = self.protocol.low_bits(self.ctx, shares, width)
+    return self.out(eqn, from_bits(self, bits, aval.dtype, shifted))
+
+
+@rule("population_count")
+def _population_count(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    aval = out_aval(eqn)
+    width = width_of(aval.dtype)
+    bits = self.protocol.low_bits(self.ctx, self.arith(x, aval.dtype), width)
+    return self.out(eqn, from_bits(self, bits, aval.dtype, [1] * width))

@@ -1,18 +1,20 @@
-"""Rules that move or relabel values without arithmetic: stop_gradient, stack, and
-convert_element_type (a shift for int to float, one bit-to-arithmetic conversion for bool, a
-sign split and truncation for float to int, rounding toward zero as JAX does).
+"""Rules that move or relabel values: stop_gradient, stack, and convert_element_type: a shift
+for int to float, one bit-to-arithmetic conversion for bool, a sign split and truncation for
+float to int (rounding toward zero as JAX does), a test against zero for anything to bool, and
+for an integer into a narrower or differently signed one, its bits reweighed (`bits`), wrapped
+as JAX wraps.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from jax.extend.core import JaxprEqn
 
-from mpplug.errors import TraceError
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
+from mpplug.mpc.rules.bits import from_bits, value_weights, width_of
 from mpplug.mpc.secret import Secret, Value, is_float
 
 if TYPE_CHECKING:
@@ -37,23 +39,34 @@ def _stack(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 
 
 @rule("convert_element_type")
-def _convert(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+def _convert(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
     (x,) = values
     new = np.dtype(eqn.params["new_dtype"])
     if new == np.bool_:
         if x.dtype == np.bool_:
             return self.out(eqn, x.shares, boolean=x.boolean)
-        raise TraceError(
-            f"{self.where}: converting a secret {x.dtype} to bool is not supported; "
-            f"compare it instead (x != 0)"
-        )
+        (nonzero,) = self.eval_as(lambda v: v != 0, [x])
+        return nonzero
     if x.boolean:
         return self.out(eqn, self.arith(x, new))
-    if is_float(x.dtype) == is_float(new):
+    if is_float(x.dtype) and is_float(new):
         return self.out(eqn, x.shares)
     if is_float(new):
         return self.out(eqn, x.shares << np.uint64(self.ctx.frac_bits))
-    return self.out(eqn, _toward_zero(self, x.shares))
+    if is_float(x.dtype):
+        return self.out(eqn, _toward_zero(self, x.shares))
+    if _holds(new, x.dtype):
+        return self.out(eqn, x.shares)
+    # a narrower or differently signed integer: its own w bits, wrapped as JAX wraps
+    bits = self.protocol.low_bits(self.ctx, x.shares, width_of(new))
+    return self.out(eqn, from_bits(self, bits, new, value_weights(new)))
+
+
+def _holds(new: np.dtype[Any], old: np.dtype[Any]) -> bool:
+    """Every `old` integer (or bool) is a `new` integer."""
+    if old == np.bool_:
+        return True
+    return bool(np.can_cast(old, new, casting="safe"))
 
 
 def _toward_zero(self: Interpreter, x: Shares) -> Shares:
