@@ -2,6 +2,12 @@
 CCS 2016): each role computes x_i y_i + x_i y_{i+1} + x_{i+1} y_i plus a zero share, then one
 resharing round (8 bytes per element per party); a real product is fused with the precise
 truncation (3 rounds, 12 bytes). A product with a public value is local.
+
+floor, ceil and round of reals: the precise truncation by the fraction bits, off by at most
+one, corrected by two comparisons side by side (8 rounds, then 3 to arithmetic); round adds
+1/2 first and, at an exact tie, one equality test and the parity of the result (local)
+decide, to even (`jnp.round`, `rint`) or away from zero (`lax.round`'s default). Products
+over an axis (`reduce_prod`, `jnp.prod`) are a tree of ceil(log2 n) products.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend.core import JaxprEqn
 
 from mpplug.errors import TraceError
@@ -147,3 +154,73 @@ def _div(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         product = reciprocal * numerator
         return self.out(eqn, self.protocol.trunc(self.ctx, product, self.ctx.frac_bits))
     return self.out(eqn, self.fx.mul(self.arith(x, aval.dtype, aval.shape), reciprocal))
+
+
+@rule("floor", "ceil")
+def _floor(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    require_float(self, eqn, x.dtype)
+    shares = self.arith(x, x.dtype)
+    if eqn.primitive.name == "ceil":
+        return self.out(eqn, -(floor_whole(self, -shares)[0] << np.uint64(self.ctx.frac_bits)))
+    return self.out(eqn, floor_whole(self, shares)[0] << np.uint64(self.ctx.frac_bits))
+
+
+@rule("round")
+def _round(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    require_float(self, eqn, x.dtype)
+    f = self.ctx.frac_bits
+    shares = self.arith(x, x.dtype)
+    half = self.protocol.lift(self.ctx, jnp.full(x.shape, np.uint64(1 << (f - 1))))
+    whole, rest = floor_whole(self, shares + half)
+    both = self.protocol.msb(self.ctx, jnp.stack([rest, -rest], axis=1))
+    tie = self.protocol.xor_public(self.ctx, both[:, 0] ^ both[:, 1], jnp.uint64(1))
+    if int(eqn.params["rounding_method"]) == int(lax.RoundingMethod.TO_NEAREST_EVEN):
+        loser = self.protocol.low_bits(self.ctx, whole, 1)  # odd: one below is even
+    else:  # away from zero: x + 1/2 rounded down is right for x >= 0 only
+        loser = self.protocol.msb(self.ctx, shares)
+    down = self.protocol.b2a(self.ctx, self.protocol.and_(self.ctx, tie, loser, bits=1))
+    return self.out(eqn, (whole - down) << np.uint64(f))
+
+
+def floor_whole(self: Interpreter, x: Shares) -> tuple[Shares, Shares]:
+    """(floor(x) as an integer, x - floor(x) in fixed point) for fixed-point shares x."""
+    f = self.ctx.frac_bits
+    whole = self.protocol.trunc(self.ctx, x, f)
+    rest = x - (whole << np.uint64(f))
+    one = self.protocol.lift(self.ctx, jnp.full(x.shape[1:], np.uint64(1 << f)))
+    signs = self.protocol.b2a(
+        self.ctx, self.protocol.msb(self.ctx, jnp.stack([rest, rest - one], axis=1))
+    )
+    # rest < 0: one too many; rest - 1 >= 0: one too few
+    whole = (
+        whole
+        - signs[:, 0]
+        + (self.protocol.lift(self.ctx, jnp.ones(x.shape[1:], ring.RING)) - signs[:, 1])
+    )
+    return whole, x - (whole << np.uint64(f))
+
+
+@rule("reduce_prod")
+def _reduce_prod(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    (x,) = values
+    axes = tuple(eqn.params["axes"])
+    floating = is_float(x.dtype)
+    kept = [d for d in range(len(x.shape)) if d not in axes]
+    count = int(np.prod([x.shape[d] for d in axes], dtype=np.int64))
+    moved = self.protocol.local(
+        lambda s: jnp.transpose(s, [*kept, *axes]).reshape(*(x.shape[d] for d in kept), count),
+        self.arith(x, x.dtype),
+    )
+    if count == 0:
+        return self.out(eqn, self.arith(jnp.ones(out_aval(eqn).shape, x.dtype), x.dtype))
+    bits = self.ctx.frac_bits if floating else 0
+    while moved.shape[-1] > 1:
+        n = moved.shape[-1]
+        half = n // 2
+        product = self.protocol.mul(
+            self.ctx, moved[..., 0 : 2 * half : 2], moved[..., 1 : 2 * half : 2], bits
+        )
+        moved = jnp.concatenate([product, moved[..., 2 * half :]], axis=-1)
+    return self.out(eqn, moved[..., 0])

@@ -1,5 +1,7 @@
 """Selection on secrets: reductions to an extremum and sorting.
 
+`cummax`/`cummin`/`cumprod`: a prefix scan of ceil(log2 n) levels over the whole axis.
+
 `reduce_max`/`min` and `argmax`/`argmin` over an axis: a tournament of ceil(log2 n) levels,
 each one comparison and one selection (11 rounds per level); ties keep the lower index, as
 numpy does.
@@ -29,7 +31,7 @@ from jax.extend.core import JaxprEqn
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
 from mpplug.mpc.rules.comparison import below_arith
-from mpplug.mpc.secret import Secret, Value
+from mpplug.mpc.secret import Secret, Value, is_float
 
 if TYPE_CHECKING:
     from mpplug.mpc.interpreter import Interpreter
@@ -81,6 +83,36 @@ def _argmax(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     _, index = reduce_extremum(self, x, axis, largest, True, values[0].dtype)
     assert index is not None
     return self.out(eqn, index)
+
+
+@rule("cummax", "cummin", "cumprod")
+def _cumulative(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """Running max, min or product along an axis: Hillis and Steele's prefix scan, ceil(log2
+    n) levels, each one comparison and selection (or one product) over the whole axis."""
+    (x,) = values
+    axis, reverse = int(eqn.params["axis"]), bool(eqn.params["reverse"])
+    name = eqn.primitive.name
+    shares = jnp.moveaxis(self.arith(x, x.dtype), axis + 1, -1)
+    if reverse:
+        shares = jnp.flip(shares, -1)
+    bits = self.ctx.frac_bits if is_float(x.dtype) else 0
+    step = 1
+    while step < shares.shape[-1]:
+        prev, cur = shares[..., :-step], shares[..., step:]
+        if name == "cumprod":
+            combined = self.protocol.mul(self.ctx, prev, cur, bits)
+        else:
+            earlier = (
+                below_arith(self, cur, prev, x.dtype)
+                if name == "cummax"
+                else below_arith(self, prev, cur, x.dtype)
+            )
+            combined = cur + self.protocol.mul(self.ctx, earlier, prev - cur)
+        shares = jnp.concatenate([shares[..., :step], combined], axis=-1)
+        step *= 2
+    if reverse:
+        shares = jnp.flip(shares, -1)
+    return self.out(eqn, jnp.moveaxis(shares, -1, axis + 1))
 
 
 @rule("sort")

@@ -1,0 +1,86 @@
+"""Integer bit operations, rounding, products and running extremes, and the real functions
+written through exp/log/sqrt inside `mp.mpc.run`, against plain JAX: and/or/xor/not, shifts
+by constants and population_count on int32 and uint16 (wrapping as JAX wraps, including
+int32's minimum), conversions to narrower or differently signed integers and to bool; floor,
+ceil, trunc, round to even and away from zero at exact ties; prod, cumprod, cummax, cummin;
+exp2, expm1, sinh, cosh, asinh, acosh, atanh, cbrt (at their documented errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import mpplug as mp
+
+rng = np.random.default_rng(21)
+A = rng.integers(-(2**31), 2**31, size=6, dtype=np.int64).astype(np.int32)
+A[:2] = [-1, -(2**31)]
+B = rng.integers(-(2**31), 2**31, size=6, dtype=np.int64).astype(np.int32)
+U = rng.integers(0, 2**16, size=6, dtype=np.int64).astype(np.uint16)
+X = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -3.2, 3.7, 0.0, -1e-4, 7.0, -100.51], np.float32)
+P = np.array([[1.5, -2.0, 0.5], [3.0, 0.25, -1.0]], np.float32)
+EXACT = ("floor", "ceil", "trunc", "round_even", "round_away", "prod", "cumprod", "cummax")
+APPROXIMATE = {"exp2": 4e-3, "expm1": 7e-3, "sinh": 3e-3, "cosh": 3e-3, "asinh": 2e-3,
+               "acosh": 2e-3, "atanh": 1e-3, "cbrt": 1e-3}  # fmt: skip
+
+
+def integers(a: Any, b: Any, u: Any) -> dict[str, Any]:
+    return {
+        "and": a & b, "or": a | b, "xor": a ^ b, "and_constant": a & 0xF0F0, "or_constant": a | 5,
+        "not": ~a, "not_unsigned": ~u, "shift_left": a << 3, "shift_right": a >> 5,
+        "shift_right_sign": a >> 31, "shift_right_logical": lax.shift_right_logical(a, 7),
+        "shift_right_unsigned": u >> 3, "popcount": lax.population_count(a),
+        "popcount_unsigned": lax.population_count(u), "gray_code": u ^ (u >> 1),
+        "to_uint32": a.astype(jnp.uint32), "to_int16": a.astype(jnp.int16),
+        "uint16_to_int8": u.astype(jnp.int8), "to_bool": a.astype(bool),
+        "cummax_int": lax.cummax(a), "prod_int": jnp.prod(b[:2]),
+    }  # fmt: skip
+
+
+def reals(x: Any, p: Any) -> dict[str, Any]:
+    return {
+        "floor": jnp.floor(x), "ceil": jnp.ceil(x), "trunc": jnp.trunc(x),
+        "round_even": jnp.round(x), "round_away": lax.round(x, lax.RoundingMethod.AWAY_FROM_ZERO),
+        "prod": jnp.prod(p, axis=1), "cumprod": jnp.cumprod(p, axis=1),
+        "cummax": lax.cummax(p, axis=1), "cummin": lax.cummin(p, axis=0, reverse=True),
+        "float_to_bool": x.astype(bool), "isfinite": jnp.isfinite(p),
+        "exp2": jnp.exp2(p), "expm1": jnp.expm1(p), "sinh": jnp.sinh(p), "cosh": jnp.cosh(p),
+        "asinh": jnp.arcsinh(p), "acosh": jnp.arccosh(jnp.abs(p) + 1.5),
+        "atanh": jnp.arctanh(p / 4), "cbrt": jnp.cbrt(p),
+    }  # fmt: skip
+
+
+def check(fn: Any, *args: np.ndarray) -> None:
+    @mp.function
+    def program(*values: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(fn, *mp.mpc.seal(values)), to=0)
+
+    with mp.Simulator(3) as sim:
+        handles = [sim.put(n % 3, v) for n, v in enumerate(args)]
+        got = sim.fetch(sim.evaluate(program, *handles), party=0)
+    want = jax.jit(fn)(*args)
+    assert set(got) == set(want)
+    for name, w in want.items():
+        g, w = np.asarray(got[name]), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        if name in APPROXIMATE:
+            tolerance = APPROXIMATE[name]
+            np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=name)
+        else:  # integers, bools, and reals that are exact in fixed point
+            np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+@pytest.mark.slow
+def test_integer_bit_operations_wrap_as_jax_does():
+    check(integers, A, B, U)
+
+
+@pytest.mark.slow
+def test_rounding_products_running_extremes_and_identities_compute_what_jax_computes():
+    check(reals, X, P)
+    assert set(EXACT) <= set(reals(X, P))
