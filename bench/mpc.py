@@ -261,8 +261,8 @@ def workloads(quick: bool) -> list[Workload]:
 def error(metric: str, got: Any, ref: np.ndarray) -> float:
     if isinstance(got, tuple | list):  # a pytree of outputs: compared flat, in order
         got = np.concatenate([np.ravel(np.asarray(g, np.float64)) for g in got])
-    if metric == "wrong":
-        return float(np.sum(np.asarray(got).astype(bool) != ref))
+    if metric == "wrong":  # bools (x < y) or indices (argmax), element by element
+        return float(np.sum(np.asarray(got) != np.asarray(ref)))
     diff = np.abs(np.asarray(got, np.float64) - ref)
     if metric == "max rel":
         diff = diff / np.abs(ref)

@@ -9,7 +9,7 @@ operands are all public runs as itself. Inner jaxprs (pjit, custom_jvp/vjp, rema
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from mpplug.mpc.loops import Looping
 
 __all__ = ["Interpreter", "Secret", "Value", "is_float"]
+
+T = TypeVar("T")
 
 
 _INLINED = (
@@ -102,6 +104,8 @@ class Interpreter:
         self.where = where
         self.loops = loops
         """Makes scans loops of the share program; None: scans are unrolled."""
+        self.memo: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+        """Results computed once per share program (see `remember`)."""
 
     # -- conversions ------------------------------------------------------------------------
 
@@ -115,7 +119,8 @@ class Interpreter:
         if isinstance(value, Secret):
             shares = value.shares
             if value.boolean:
-                shares = self.protocol.b2a(self.ctx, shares)
+                bits = shares
+                shares = self.remember(("b2a", bits), lambda: self.protocol.b2a(self.ctx, bits))
                 if is_float(dtype):
                     shares = shares << np.uint64(self.ctx.frac_bits)
             if shape is not None:
@@ -125,6 +130,17 @@ class Interpreter:
         if shape is not None:
             public = jnp.broadcast_to(public, shape)
         return self.protocol.lift(self.ctx, self.encode(public, dtype))
+
+    def remember(self, key: tuple[Any, ...], make: Callable[[], T]) -> T:
+        """`make()`, computed once per share program for `key`: what the result is computed
+        from (values and traced arrays by identity, constants by value), so that a comparison
+        JAX writes twice (`max(x, 0)` in a forward pass, `x > 0` in its gradient) costs once."""
+        token = tuple(_token(k) for k in key)
+        hit = self.memo.get(token)
+        if hit is None:
+            hit = (key, make())  # holding key's objects keeps their identities unique
+            self.memo[token] = hit
+        return cast(T, hit[1])
 
     def boolean(self, value: Value) -> Shares:
         """XOR shares of bit 0 of a boolean secret or public value."""
@@ -177,7 +193,10 @@ class Interpreter:
             return self.eval(inner.jaxpr, inner.consts, values)
         if not any(isinstance(v, Secret) for v in values):
             params = eqn.primitive.get_bind_params(eqn.params)
-            return eqn.primitive.bind(*values, **params)
+            if any(isinstance(v, jax.core.Tracer) for v in values):
+                return eqn.primitive.bind(*values, **params)
+            with jax.ensure_compile_time_eval():  # constants stay constants (a divisor, a shift)
+                return eqn.primitive.bind(*values, **params)
         if name in _STRUCTURAL:
             return self.structural(eqn, values)
         if name in _LINEAR:
@@ -232,6 +251,18 @@ class Interpreter:
         shape = aval.shape if elementwise else None
         shares = [self.arith(values[i], aval.dtype, shape) for i in positions]
         return self.out(eqn, self.bind_on_shares(eqn, values, positions, shares))
+
+
+def _token(part: Any) -> Any:
+    """A hashable stand-in for part of a `remember` key."""
+    if isinstance(part, str | int | tuple) and not isinstance(part, bool):
+        return part
+    if isinstance(part, Secret | jax.core.Tracer):
+        return ("id", id(part))
+    value = np.asarray(part)
+    if value.dtype == object:
+        return ("id", id(part))
+    return ("constant", value.shape, value.astype(np.float64).tobytes())
 
 
 def _live(jaxpr: Jaxpr) -> list[JaxprEqn]:

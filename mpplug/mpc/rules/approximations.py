@@ -4,11 +4,15 @@ methods, after CrypTen's and SPU's); the rounds, bytes and errors are in docs/mp
 
 Functions written through those by their identities (exp2, expm1, sinh, cosh, asinh, acosh,
 atanh, cbrt) cost what their parts cost and keep their parts' input ranges; expm1 near 0 has
-exp's absolute error, not a relative one.
+exp's absolute error, not a relative one. sin and cos reduce x to a fraction of a turn (a
+public product and a floor: exact in fixed point) and sum the Taylor series of sin to degree
+17 (nine products); erf and erfc follow Abramowitz and Stegun 7.1.26 (a reciprocal, a
+degree-5 polynomial and exp(-x^2)) on |x| clipped to 5, so exp's error dominates.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -45,7 +49,36 @@ def _approximation(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Sec
     return self.out(eqn, _APPROXIMATIONS[eqn.primitive.name](self.fx, self.arith(x, x.dtype)))
 
 
+def _sine(x: jax.Array, quarter_turns: float = 0.0) -> jax.Array:
+    """sin(x + quarter_turns * pi / 2): the turn count's fraction u in [-1/2, 1/2) (a floor),
+    then sin(2 pi u) as its Taylor series in u to degree 17, whose coefficients (2 pi)^(2k+1)
+    / (2k+1)! all hold in fixed point (a series in 2 pi u would lose its small ones)."""
+    turns = x * float(1.0 / (2.0 * np.pi)) + quarter_turns / 4.0
+    u = turns - jnp.floor(turns + 0.5)
+    v = u * u
+    series = jnp.zeros_like(u)
+    for k in range(8, -1, -1):
+        series = series * v + float(
+            (-1) ** k * (2.0 * np.pi) ** (2 * k + 1) / math.factorial(2 * k + 1)
+        )
+    return u * series
+
+
+def _erf(x: jax.Array) -> jax.Array:
+    """Abramowitz and Stegun 7.1.26 (error 1.5e-7) on |x| clipped to 5, sign put back."""
+    a = jnp.clip(jnp.abs(x), 0.0, 5.0)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    series = jnp.zeros_like(t)
+    for c in (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        series = (series + c) * t
+    return jnp.sign(x) * (1.0 - series * jnp.exp(-a * a))
+
+
 _IDENTITIES: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "sin": _sine,
+    "cos": lambda x: _sine(x, 1.0),
+    "erf": _erf,
+    "erfc": lambda x: 1.0 - _erf(x),
     "exp2": lambda x: jnp.exp(x * float(np.log(2.0))),
     "expm1": lambda x: jnp.exp(x) - 1.0,
     "sinh": lambda x: (jnp.exp(x) - jnp.exp(-x)) * 0.5,

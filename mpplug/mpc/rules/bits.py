@@ -144,6 +144,18 @@ def _integer_logic(self: Interpreter, name: str, values: list[Value], aval: Any)
     return from_bits(self, result, aval.dtype, value_weights(aval.dtype))
 
 
+@rule("reduce_xor")
+def _reduce_xor(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """XOR over axes of bools: the parity of each share's bits, local."""
+    require_bool(self, eqn)
+    axes = tuple(eqn.params["axes"])
+    bits = self.boolean(values[0])
+    parity = self.protocol.local(
+        lambda s: jnp.sum(s & np.uint64(1), axis=axes, dtype=ring.RING) & np.uint64(1), bits
+    )
+    return self.out(eqn, parity, boolean=True)
+
+
 @rule("not")
 def _logical_not(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     aval = out_aval(eqn)

@@ -64,7 +64,7 @@ def _order(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     if eqn.primitive.name in ("gt", "le"):
         x, y = y, x
     dtype = x.dtype if isinstance(x, Secret) else y.dtype
-    bit = below(self, self.arith(x, dtype, shape), self.arith(y, dtype, shape), dtype)
+    bit = remembered_below(self, x, y, dtype, shape)
     if eqn.primitive.name in ("le", "ge"):
         bit = not_bit(self, bit)
     return self.out(eqn, bit, boolean=True)
@@ -122,14 +122,27 @@ def choose(self: Interpreter, which: Secret, cases: list[Shares], shape: Sequenc
     return jnp.sum(picked, axis=1, dtype=ring.RING)
 
 
+def remembered_below(
+    self: Interpreter, x: Value, y: Value, dtype: Any, shape: Sequence[int]
+) -> Shares:
+    """XOR shares of x < y, computed once per share program for these operands."""
+    key = ("below", x, y, np.dtype(dtype).str, tuple(shape))
+    return self.remember(
+        key, lambda: below(self, self.arith(x, dtype, shape), self.arith(y, dtype, shape), dtype)
+    )
+
+
 @rule("max", "min")
 def _extremum(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """max(x, y) is x where y < x, else y (min: x where x < y): the comparison `x > y` or
+    `x < y` is then the one a gradient asks for again, and is computed once."""
     aval = out_aval(eqn)
-    x, y = (self.arith(v, aval.dtype, aval.shape) for v in values)
-    bit = below_arith(self, x, y, aval.dtype)
-    if eqn.primitive.name == "min":
-        x, y = y, x
-    return self.out(eqn, x + self.protocol.mul(self.ctx, bit, y - x))
+    x, y = values
+    first, second = (y, x) if eqn.primitive.name == "max" else (x, y)
+    bits = remembered_below(self, first, second, aval.dtype, aval.shape)
+    bit = self.arith(Secret(bits, tuple(aval.shape), np.dtype(np.bool_), True), np.int64)
+    a, b = self.arith(x, aval.dtype, aval.shape), self.arith(y, aval.dtype, aval.shape)
+    return self.out(eqn, b + self.protocol.mul(self.ctx, bit, a - b))
 
 
 @rule("abs")

@@ -10,10 +10,11 @@ the gradients of a convolution are convolutions too.
 
 Average pooling (`reduce_window_sum`) is local. Max pooling (`reduce_window_max`/`min`)
 gathers each window's k elements and runs `selection`'s tournament over them (ceil(log2 k)
-levels of 11 rounds); its gradient (`select_and_scatter_add`) runs the tournament again, merging
-one-hots of each group's first maximum (for a 2x2 window: 3 comparisons, 6 products),
-multiplies the one-hot by the incoming gradient (3 rounds) and adds the products back in place
-(local).
+levels of 11 rounds). Its gradient (`select_and_scatter_add`) needs the one-hot of each
+window's first maximum: for a power-of-two window it reuses the forward pass's comparisons
+(kept for the share program) and merges the pairs' one-hots level by level (for 2x2: four
+products, two rounds), otherwise it runs the tournament again; the one-hot times the
+incoming gradient (one more product) is added back in place (local).
 """
 
 from __future__ import annotations
@@ -79,17 +80,26 @@ def _window_extremum(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> S
     params = eqn.params
     _require_plain_base(self, eqn, params.get("base_dilation"))
     largest = eqn.primitive.name == "reduce_window_max"
+    dims, strides = tuple(params["window_dimensions"]), tuple(params["window_strides"])
+    padding = tuple(tuple(int(p) for p in pair) for pair in params["padding"])
+    dilation = tuple(params.get("window_dilation") or (1,) * len(dims))
     windows = _windows(
         self,
         self.arith(x, x.dtype),
         x.shape,
-        params["window_dimensions"],
-        params["window_strides"],
-        params["padding"],
-        params.get("window_dilation"),
+        dims,
+        strides,
+        padding,
+        dilation,
         _fill(x.dtype, below=largest),
     )
-    best, _ = reduce_extremum(self, windows, windows.ndim - 2, largest, False, x.dtype)
+    k = windows.shape[-1]
+    if k & (k - 1) or any(d != 1 for d in dilation):
+        best, _ = reduce_extremum(self, windows, windows.ndim - 2, largest, False, x.dtype)
+        return self.out(eqn, best)
+    # a power-of-two window: its comparisons are kept for the gradient (select_and_scatter_add)
+    key = ("window", x, dims, strides, padding, largest)
+    best, _ = self.remember(key, lambda: _tournament(self, windows, largest, x.dtype))
     return self.out(eqn, best)
 
 
@@ -129,7 +139,14 @@ def _select_and_scatter_add(self: Interpreter, eqn: JaxprEqn, values: list[Value
         None,
         _fill(operand.dtype, below=largest),
     )
-    onehot = _first_extremum_onehot(self, windows, largest, operand.dtype)
+    k = windows.shape[-1]
+    if k & (k - 1):
+        onehot = _first_extremum_onehot(self, windows, largest, operand.dtype)
+    else:  # the forward max-pool's comparisons, when it ran on this operand
+        padding_key = tuple(tuple(int(p) for p in pair) for pair in padding)
+        key = ("window", operand, tuple(dims), tuple(strides), padding_key, largest)
+        _, bits = self.remember(key, lambda: _tournament(self, windows, largest, operand.dtype))
+        onehot = _onehot_from_bits(self, bits)
     if isinstance(source, Secret):
         incoming = self.arith(source, dtype)
         spread = jnp.broadcast_to(incoming[..., None], onehot.shape)
@@ -235,53 +252,50 @@ def _scatter_windows(
 
 
 def _first_extremum_onehot(self: Interpreter, windows: Shares, largest: bool, dtype: Any) -> Shares:
-    """Arithmetic 0/1 shares (2, *out, k), 1 at each window's first maximum (minimum).
-
-    A tournament over the window padded to a power of two with values that never win: each
-    level compares neighbouring groups' winners (ties keep the first) and merges the two
-    groups' one-hots as concat(a, 0) + bit * concat(-a, b), one product per element of the
-    merged group; the first level's one-hot is (1 - bit, bit), local. For a 2x2 window: three
-    comparisons and six products."""
+    """Arithmetic 0/1 shares (2, *out, k), 1 at each window's first maximum (minimum): the
+    window padded to a power of two with values that never win, `_tournament`, and the
+    one-hot of its winners."""
     k = windows.shape[-1]
     size = 1 << max(0, (k - 1).bit_length())
-    if size > k:
-        far = self.protocol.lift(
-            self.ctx,
-            jnp.full((*windows.shape[1:-1], size - k), _fill(dtype, below=largest))
-            .astype(np.int64)
-            .astype(ring.RING),
-        )
-        windows = jnp.concatenate([windows, far], axis=-1)
     if size == 1:
         return self.protocol.lift(self.ctx, jnp.ones(windows.shape[1:], ring.RING))
-    values, onehot = windows, None
+    if size > k:
+        fill = np.full((*windows.shape[1:-1], size - k), _fill(dtype, below=largest), np.int64)
+        far = self.protocol.lift(self.ctx, jnp.asarray(fill.astype(np.uint64)))
+        windows = jnp.concatenate([windows, far], axis=-1)
+    _, bits = _tournament(self, windows, largest, dtype)
+    return _onehot_from_bits(self, bits)[..., :k]
+
+
+def _tournament(
+    self: Interpreter, windows: Shares, largest: bool, dtype: Any
+) -> tuple[Shares, list[Shares]]:
+    """(each window's maximum (minimum), the arithmetic 0/1 shares of each level's
+    comparisons: 1 where the second of a pair wins) over windows of 2^p elements; ties keep
+    the first, as XLA's select does."""
+    values, bits = windows, []
     while values.shape[-1] > 1:
         a, b = values[..., 0::2], values[..., 1::2]
-        bit = (
-            below_arith(self, a, b, dtype) if largest else below_arith(self, b, a, dtype)
-        )  # 1 where b wins
-        last = values.shape[-1] == 2
-        if onehot is None:
-            one = self.protocol.lift(self.ctx, jnp.ones(bit.shape[1:], ring.RING))
-            onehot = jnp.stack([one - bit, bit], axis=-1)
-            if not last:
-                values = a + self.protocol.mul(self.ctx, bit, b - a)
-            continue
-        first, second = onehot[..., 0::2, :], onehot[..., 1::2, :]
-        zeros = jnp.zeros_like(first)
-        base = jnp.concatenate([first, zeros], axis=-1)
-        moved = jnp.concatenate([-first, second], axis=-1)
-        if last:
-            chosen = self.protocol.mul(
-                self.ctx, jnp.broadcast_to(bit[..., None], moved.shape), moved
-            )
-            onehot = base + chosen
-            break
-        both = jnp.concatenate([(b - a)[..., None], moved], axis=-1)
-        chosen = self.protocol.mul(self.ctx, jnp.broadcast_to(bit[..., None], both.shape), both)
-        values, onehot = a + chosen[..., 0], base + chosen[..., 1:]
-    assert onehot is not None
-    return onehot[..., 0, :k]
+        bit = below_arith(self, a, b, dtype) if largest else below_arith(self, b, a, dtype)
+        bits.append(bit)
+        values = a + self.protocol.mul(self.ctx, bit, b - a)
+    return values[..., 0], bits
+
+
+def _onehot_from_bits(self: Interpreter, bits: list[Shares]) -> Shares:
+    """The one-hot (2, *out, 2^p) of each window's winner from `_tournament`'s comparisons:
+    (1 - bit, bit) at the first level (local), then each level merges two groups as
+    concat(a, 0) + bit * concat(-a, b), one product per element of the merged group."""
+    first = bits[0]
+    one = self.protocol.lift(self.ctx, jnp.ones(first.shape[1:], ring.RING))
+    onehot = jnp.stack([one - first, first], axis=-1)
+    for bit in bits[1:]:
+        low, high = onehot[..., 0::2, :], onehot[..., 1::2, :]
+        base = jnp.concatenate([low, jnp.zeros_like(low)], axis=-1)
+        moved = jnp.concatenate([-low, high], axis=-1)
+        spread = jnp.broadcast_to(bit[..., None], moved.shape)
+        onehot = base + self.protocol.mul(self.ctx, spread, moved)
+    return onehot[..., 0, :]
 
 
 def _public_onehot(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from jax import lax
 from jax.extend.core import JaxprEqn
 
 from mpplug.mpc.protocol import Shares
@@ -25,6 +26,21 @@ if TYPE_CHECKING:
 def _stop_gradient(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
     """No gradient flows through it: on shares it is the value itself."""
     return values[0]
+
+
+@rule("split")
+def _split(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Secret]:
+    """`jnp.split`: slices of each share, either kind of shares."""
+    (x,) = values
+    axis = int(eqn.params["axis"])
+    parts, start = [], 0
+    for index, size in enumerate(int(n) for n in eqn.params["sizes"]):
+        piece = self.protocol.local(
+            lambda s, b=start, z=size: lax.slice_in_dim(s, b, b + z, axis=axis), x.shares
+        )
+        parts.append(self.out(eqn, piece, boolean=x.boolean, index=index))
+        start += size
+    return parts
 
 
 @rule("stack")
