@@ -83,16 +83,7 @@ def _window_extremum(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> S
     dims, strides = tuple(params["window_dimensions"]), tuple(params["window_strides"])
     padding = tuple(tuple(int(p) for p in pair) for pair in params["padding"])
     dilation = tuple(params.get("window_dilation") or (1,) * len(dims))
-    windows = _windows(
-        self,
-        self.arith(x, x.dtype),
-        x.shape,
-        dims,
-        strides,
-        padding,
-        dilation,
-        _fill(x.dtype, below=largest),
-    )
+    windows = _windows(self, x, dims, strides, padding, dilation, largest)
     k = windows.shape[-1]
     if k & (k - 1) or any(d != 1 for d in dilation):
         best, _ = reduce_extremum(self, windows, windows.ndim - 2, largest, False, x.dtype)
@@ -129,16 +120,7 @@ def _select_and_scatter_add(self: Interpreter, eqn: JaxprEqn, values: list[Value
         spread = jnp.broadcast_to(incoming[..., None], (*incoming.shape, chosen.shape[-1]))
         picked = self.protocol.local(lambda s: s * chosen, spread)
         return self.out(eqn, _scatter_windows(self, picked, shape, dims, strides, padding))
-    windows = _windows(
-        self,
-        self.arith(operand, operand.dtype),
-        shape,
-        dims,
-        strides,
-        padding,
-        None,
-        _fill(operand.dtype, below=largest),
-    )
+    windows = _windows(self, operand, dims, strides, padding, None, largest)
     k = windows.shape[-1]
     if k & (k - 1):
         onehot = _first_extremum_onehot(self, windows, largest, operand.dtype)
@@ -189,16 +171,17 @@ def _out_sizes(
 
 def _windows(
     self: Interpreter,
-    shares: Shares,
-    shape: tuple[int, ...],
+    x: Secret,
     dims: tuple[int, ...],
     strides: tuple[int, ...],
     padding: Any,
     dilation: tuple[int, ...] | None,
-    fill: int,
+    largest: bool,
 ) -> Shares:
-    """Shares (2, *out, k): each output position's window of k elements, in row-major window
-    order; padding holds the public `fill`."""
+    """Shares (2, *out, k): each output position's window of x's k elements, in row-major
+    window order; padding holds a public value below (above) every value of x's dtype."""
+    shape, fill = x.shape, _fill(x.dtype, below=largest)
+    shares = self.arith(x, x.dtype)
     dilation = tuple(dilation) if dilation is not None else (1,) * len(shape)
     pads = [(int(lo), int(hi)) for lo, hi in padding]
     if any(lo or hi for lo, hi in pads):
