@@ -216,7 +216,7 @@ def test_the_folder_keeps_the_most_recent_entries_within_its_bound(tmp_path: Pat
 
 
 def test_reading_an_entry_keeps_it_from_eviction(tmp_path: Path):
-    cache = DiskCache(tmp_path, max_bytes=2200)
+    cache = DiskCache(tmp_path, max_bytes=2400)  # evicted down to 90%: two entries stay
     old, newer, newest = (cache_key(str(i)) for i in range(3))
     cache.put(old, bytes(1000))
     time.sleep(0.01)
@@ -226,6 +226,17 @@ def test_reading_an_entry_keeps_it_from_eviction(tmp_path: Path):
     time.sleep(0.01)
     cache.put(newest, bytes(1000))
     assert cache.get(old) is not None and cache.get(newer) is None
+
+
+def test_writes_under_the_bound_scan_the_folder_once(tmp_path: Path):
+    cache = DiskCache(tmp_path, max_bytes=100_000)
+    for i in range(50):
+        cache.put(cache_key("under", str(i)), bytes(1000))
+    assert cache.stats.scans == 1 and cache.stats.evicted == 0
+    for i in range(50, 120):  # past the bound: one scan brings it to 90%, and so on
+        cache.put(cache_key("under", str(i)), bytes(1000))
+        assert cache.size() <= 100_000
+    assert cache.stats.evicted > 0 and cache.stats.scans < 20
 
 
 FILLER = textwrap.dedent(

@@ -1,7 +1,8 @@
 """Convolutions and pooling inside `mp.mpc.run` against plain JAX: `conv_general_dilated` in
 every form (strides, SAME and explicit padding, dilation, feature groups, NHWC, a public
-kernel), max/min/average pooling with and without padding, and the gradients of a
-conv-ReLU-max-pool block under `jax.grad` (convolutions and `select_and_scatter_add`)."""
+kernel), max/min/average pooling with and without padding, the gradients of a
+conv-ReLU-max-pool block under `jax.grad` (convolutions and `select_and_scatter_add`), and one
+training step of a small CNN."""
 
 from __future__ import annotations
 
@@ -36,6 +37,18 @@ def block(x: Any, k: Any) -> Any:
     return lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")
 
 
+def cnn_step(x: Any, k: Any, dense: Any) -> tuple[Any, Any]:
+    """One SGD step of a small CNN (conv, ReLU, max-pool, dense) on squared error."""
+
+    def loss(params: tuple[Any, Any]) -> Any:
+        kernel, weights = params
+        h = block(x, kernel).reshape(x.shape[0], -1)
+        return jnp.mean((h @ weights - 1.0) ** 2)
+
+    grads = jax.grad(loss)((k, dense))
+    return k - 0.1 * grads[0], dense - 0.1 * grads[1]
+
+
 def layers(x: Any, k: Any, kg: Any) -> dict[str, Any]:
     nhwc = jnp.transpose(x, (0, 2, 3, 1))
     hwio = jnp.transpose(k, (2, 3, 1, 0))
@@ -58,6 +71,7 @@ def layers(x: Any, k: Any, kg: Any) -> dict[str, Any]:
         "avgpool": lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4,
         "maxpool_grad": jax.grad(lambda x: jnp.sum(pool(x) * 2.0))(x),
         "maxpool_vjp_public_input": jax.vjp(pool, jnp.asarray(X))[1](x[:, :, :3, :3])[0],
+        "cnn_step": cnn_step(x, k, jnp.tile(kg.reshape(-1), 2)[:64].reshape(64, 1) * 0.1),
         "grads": jax.grad(lambda x, k: jnp.sum(block(x, k) ** 2), argnums=(0, 1))(x, k),
     }
 

@@ -71,6 +71,7 @@ _STRUCTURAL = (
     "expand_dims",
     "slice",
     "rev",
+    "tile",
     "copy",
     "copy_p",
     "reduce_precision",
