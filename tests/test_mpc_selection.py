@@ -1,9 +1,9 @@
 """Sorting, secret control flow and secret indexing inside `mp.mpc.run`, against plain JAX:
 `jnp.sort` (any axis, descending), a stable `argsort` with ties, `lax.top_k`, `jnp.median`;
 `lax.cond` / `lax.switch` / `select_n` over three cases with secret predicates and indices;
-`table[i]` and `jnp.take` with secret indices into secret and public tables (negative indices
-too) and `lax.dynamic_slice` with secret starts (clamped as lax clamps them). Then what is
-refused, with the primitive and the way out named."""
+`table[i]`, `jnp.take` and `jnp.take_along_axis` with secret indices into secret and public
+tables (negative indices too) and `lax.dynamic_slice` with secret starts (clamped as lax
+clamps them). Then what is refused, with the primitive and the way out named."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def computations(x: Any, k: Any, t: Any, i: Any, j: Any) -> dict[str, Any]:
         "take_public_table": jnp.asarray(PUBLIC)[i],
         "take_negative": t[-j],
         "take_columns": jnp.take(m, jnp.minimum(i[0], 5), axis=1),
+        "take_along_axis": jnp.take_along_axis(x[:2], jnp.minimum(i[:, :2], 8) - 4, axis=1),
+        "take_along_public": jnp.take_along_axis(jnp.asarray(PUBLIC)[None], i, axis=1),
         "dynamic_slice": lax.dynamic_slice(m, (j - 1, 2), (2, 3)),
         "dynamic_slice_clamped": lax.dynamic_slice(m, (j + 4, j), (2, 3)),
     }

@@ -1,5 +1,5 @@
-"""Reading a table at secret indices: `gather` (`table[i]`, `jnp.take` along one axis) and
-`dynamic_slice` with secret start indices.
+"""Reading a table at secret indices: `gather` (`table[i]`, `jnp.take` along one axis,
+`jnp.take_along_axis`) and `dynamic_slice` with secret start indices.
 
 A secret index i into n rows reads sum_r onehot(i)_r * table_r, the one-hot built without
 an equality test per row: the low b = ceil(log2 n) bits of i are decomposed (a carry-save and
@@ -10,7 +10,9 @@ matrix product with the high one-hot picks a row of the grid (1 round), a produc
 one-hot and a sum picks the element (1 round). Per index about 2 sqrt(n) + b products instead
 of n comparisons (the square-root trick of oblivious lookups; Keller and Scholl, "Efficient,
 oblivious data structures for MPC", ASIACRYPT 2014, discuss the same costs). A table row past
-n reads 0; an index outside [0, 2^b) reads the row it equals mod 2^b.
+n reads 0; an index outside [0, 2^b) reads the row it equals mod 2^b. `take_along_axis`
+reads a different row per index: there each index's full one-hot (2^b products) multiplies
+its row.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _gather(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         return self.structural(eqn, values)
     params = eqn.params
     dims = params["dimension_numbers"]
+    if getattr(dims, "operand_batching_dims", ()):
+        return self.out(eqn, _along_axis(self, eqn, operand, indices, dims, params["slice_sizes"]))
     axis = _single_axis(self, eqn, operand, dims, params["slice_sizes"])
     aval = out_aval(eqn)
     rows = read_rows(self, operand, axis, self.arith(indices, np.int64)[..., 0], aval.dtype)
@@ -104,6 +108,50 @@ def read_rows(self: Interpreter, table: Value, axis: int, index: Shares, dtype: 
     weights = low.reshape(*low.shape, *([1] * len(rest)))
     chosen = self.protocol.mul(self.ctx, jnp.broadcast_to(weights, picked.shape), picked)
     return jnp.sum(chosen, axis=1 + index_rank, dtype=ring.RING)
+
+
+def _along_axis(
+    self: Interpreter, eqn: JaxprEqn, operand: Value, indices: Secret, dims: Any, sizes: Any
+) -> Shares:
+    """`jnp.take_along_axis` with secret indices (a gather whose other operand axes are
+    batched with the indices'): each index's full one-hot over the axis (b rounds, 2^b
+    products), times the operand's row it belongs to, summed (one more product round)."""
+    shape = tuple(np.shape(operand)) if not isinstance(operand, Secret) else operand.shape
+    batched, batched_at = tuple(dims.operand_batching_dims), tuple(dims.start_indices_batching_dims)
+    if not (
+        len(dims.start_index_map) == 1
+        and tuple(dims.collapsed_slice_dims) == tuple(dims.start_index_map)
+        and not dims.offset_dims
+        and len(shape) == len(batched) + 1
+        and all(size == 1 for size in sizes)
+    ):
+        raise TraceError(
+            f"{self.where}: gather with secret indices is supported for whole rows along one "
+            f"axis and for jnp.take_along_axis, not {dims}; {UNSUPPORTED_HINT}"
+        )
+    axis = int(dims.start_index_map[0])
+    n = shape[axis]
+    index = self.arith(indices, np.int64)[..., 0]  # (2, *index axes)
+    rank = index.ndim - 1
+    width = max(1, (n - 1).bit_length())
+    bits = self.protocol.low_bits(self.ctx, index, width)
+    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
+    digits = self.protocol.b2a(self.ctx, planes)
+    onehot = _one_hot(self, [digits[:, j] for j in range(width)], index.shape[1:])[..., :n]
+    order = [batched[batched_at.index(t)] for t in range(rank) if t in batched_at] + [axis]
+    aligned = [shape[batched[batched_at.index(t)]] if t in batched_at else 1 for t in range(rank)]
+
+    def align(table: jnp.ndarray) -> jnp.ndarray:
+        moved = jnp.transpose(table, order).reshape(*aligned, n)
+        return jnp.broadcast_to(moved, onehot.shape[1:])
+
+    if isinstance(operand, Secret):
+        rows = self.protocol.local(align, operand.shares)
+        picked = self.protocol.mul(self.ctx, onehot, rows)
+    else:
+        public = align(self.encode(operand, out_aval(eqn).dtype))
+        picked = self.protocol.local(lambda s: s * public, onehot)
+    return jnp.sum(picked, axis=-1, dtype=ring.RING)
 
 
 def _one_hot(self: Interpreter, digits: list[Shares], shape: tuple[int, ...]) -> Shares:
