@@ -2,8 +2,9 @@
 `jnp.sort` (any axis, descending), a stable `argsort` with ties, `lax.top_k`, `jnp.median`;
 `lax.cond` / `lax.switch` / `select_n` over three cases with secret predicates and indices;
 `table[i]`, `jnp.take` and `jnp.take_along_axis` with secret indices into secret and public
-tables (negative indices too) and `lax.dynamic_slice` with secret starts (clamped as lax
-clamps them). Then what is refused, with the primitive and the way out named."""
+tables (negative indices too), `lax.dynamic_slice` and `lax.dynamic_update_slice` with secret
+starts (clamped as lax clamps them). Then what is refused, with the primitive and the way out
+named."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def computations(x: Any, k: Any, t: Any, i: Any, j: Any) -> dict[str, Any]:
         "take_along_axis": jnp.take_along_axis(x[:2], jnp.minimum(i[:, :2], 8) - 4, axis=1),
         "take_along_public": jnp.take_along_axis(jnp.asarray(PUBLIC)[None], i, axis=1),
         "dynamic_slice": lax.dynamic_slice(m, (j - 1, 2), (2, 3)),
+        "dynamic_update": lax.dynamic_update_slice(m, jnp.ones((2, 2)) * 7, (j - 1, j)),
+        "dynamic_update_clamped": lax.dynamic_update_slice(x[0], x[1, :3] * 2, (j + 8,)),
         "dynamic_slice_clamped": lax.dynamic_slice(m, (j + 4, j), (2, 3)),
     }
 
@@ -96,6 +99,6 @@ def test_a_gather_at_secret_points_of_two_axes_is_refused_naming_what_works():
     assert "gather with secret indices is supported for reading whole rows" in message
 
 
-def test_an_update_at_a_secret_position_is_refused():
-    message = refused(lambda x, j: lax.dynamic_update_slice(x, x[:2], (j,)), X[0], J)
-    assert "dynamic_update_slice with a secret index is not supported" in message
+def test_a_scatter_at_a_secret_position_is_refused():
+    message = refused(lambda x, j: x.at[j].set(0.0), X[0], J)
+    assert "no secure rule for the JAX primitive 'scatter'" in message

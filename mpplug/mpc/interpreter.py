@@ -87,7 +87,6 @@ _LINEAR: dict[str, tuple[int, ...] | None] = {
     "cumsum": None,
     "concatenate": None,
     "pad": None,
-    "dynamic_update_slice": (0, 1),
     "add_any": None,
 }
 """Linear over the ring: the data operands (None: all) are lifted to shares when public."""

@@ -80,6 +80,59 @@ def _dynamic_slice(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Sec
     return self.out(eqn, shares)
 
 
+@rule("dynamic_update_slice")
+def _dynamic_update_slice(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """Writes `update` at secret starts (clamped into [0, n - m] as lax does): per axis a
+    placement matrix P[i, r] = [i - r = start] (the start's one-hot, shifted; public for a
+    public start) carries the update and a mask of ones into place by ring matrix products
+    (one round per secret axis); the result is x + placed - x * mask (one product)."""
+    operand, update, *starts = values
+    if not any(isinstance(s, Secret) for s in starts):
+        return self.linear(eqn, values, (0, 1))
+    aval = out_aval(eqn)
+    shape = tuple(aval.shape)
+    update_shape = tuple(np.shape(update)) if not isinstance(update, Secret) else update.shape
+    placed = self.arith(update, aval.dtype)
+    mask = self.protocol.lift(self.ctx, jnp.ones(update_shape, ring.RING))
+    for axis, start in enumerate(starts):
+        n, m = shape[axis], update_shape[axis]
+        placement = _placement(self, start, n, m)
+        placed = _place_along(self, placement, placed, axis)
+        mask = _place_along(self, placement, mask, axis)
+    x = self.arith(operand, aval.dtype)
+    return self.out(eqn, x + placed - self.protocol.mul(self.ctx, x, mask))
+
+
+def _placement(self: Interpreter, start: Value, n: int, m: int) -> Value:
+    """P (n, m) with P[i, r] = 1 where i - r is the clamped start: shares for a secret start,
+    a public ring array otherwise."""
+    if not isinstance(start, Secret):
+        first = jnp.clip(jnp.asarray(start), 0, n - m)
+        rows, cols = np.arange(n)[:, None], np.arange(m)[None, :]
+        return ((rows - cols) == first).astype(ring.RING)
+    (first,) = self.eval_as(lambda v: jnp.clip(v, 0, n - m), [start])
+    index = self.arith(first, np.int64)
+    width = max(1, (n - m).bit_length())
+    bits = self.protocol.low_bits(self.ctx, index, width)
+    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
+    digits = self.protocol.b2a(self.ctx, planes)
+    onehot = _one_hot(self, [digits[:, j] for j in range(width)], ())[..., : n - m + 1]
+    columns = [
+        jnp.pad(onehot, [(0, 0), (r, m - 1 - r)]) for r in range(m)
+    ]  # column r: the one-hot moved down by r
+    return jnp.stack(columns, axis=-1)
+
+
+def _place_along(self: Interpreter, placement: Value, shares: Shares, axis: int) -> Shares:
+    """sum_r P[i, r] * value[..., r, ...] along `axis`: the value moved into place."""
+    contract = (((1,), (axis,)), ((), ()))
+    if isinstance(placement, jnp.ndarray) and placement.ndim == 2:  # public
+        moved = self.protocol.local(lambda s: ring.dot_general(placement, s, contract), shares)
+    else:
+        moved = self.protocol.dot_general(self.ctx, placement, shares, contract)
+    return jnp.moveaxis(moved, 1, 1 + axis)
+
+
 def read_rows(self: Interpreter, table: Value, axis: int, index: Shares, dtype: Any) -> Shares:
     """Shares of table's rows (along `axis`) at each secret index: (*index shape, *table
     without `axis`)."""
