@@ -62,11 +62,17 @@ def word_bits(self: Interpreter, x: Value, dtype: Any, shape: Sequence[int]) -> 
 def from_bits(self: Interpreter, bits: Shares, dtype: Any, weights: Sequence[int]) -> Shares:
     """Arithmetic shares of sum_j weights[j] * bit_j of XOR-shared bits (weights in the ring,
     negative ones as two's complement)."""
-    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(len(weights))], 1)
-    digits = self.protocol.b2a(self.ctx, planes)
+    digits = bit_digits(self, bits, len(weights))
     scale = np.asarray([w & 0xFFFFFFFFFFFFFFFF for w in weights], np.uint64)
     scale = scale.reshape(len(weights), *([1] * (digits.ndim - 2)))
     return jnp.sum(digits * scale, axis=1, dtype=ring.RING)
+
+
+def bit_digits(self: Interpreter, bits: Shares, width: int) -> Shares:
+    """Arithmetic 0/1 shares (2, width, ...) of the `width` low XOR-shared bits, lowest first:
+    one batched bit-to-arithmetic conversion (3 rounds)."""
+    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
+    return self.protocol.b2a(self.ctx, planes)
 
 
 def value_weights(dtype: Any) -> list[int]:

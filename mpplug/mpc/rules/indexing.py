@@ -28,6 +28,7 @@ from mpplug.errors import TraceError
 from mpplug.mpc import ring
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
+from mpplug.mpc.rules.bits import bit_digits
 from mpplug.mpc.secret import UNSUPPORTED_HINT, Secret, Value, out_aval
 
 if TYPE_CHECKING:
@@ -112,11 +113,7 @@ def _placement(self: Interpreter, start: Value, n: int, m: int) -> Value:
         return ((rows - cols) == first).astype(ring.RING)
     (first,) = self.eval_as(lambda v: jnp.clip(v, 0, n - m), [start])
     index = self.arith(first, np.int64)
-    width = max(1, (n - m).bit_length())
-    bits = self.protocol.low_bits(self.ctx, index, width)
-    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
-    digits = self.protocol.b2a(self.ctx, planes)
-    onehot = _one_hot(self, [digits[:, j] for j in range(width)], ())[..., : n - m + 1]
+    onehot = _one_hot(self, _index_digits(self, index, n - m + 1), ())[..., : n - m + 1]
     columns = [
         jnp.pad(onehot, [(0, 0), (r, m - 1 - r)]) for r in range(m)
     ]  # column r: the one-hot moved down by r
@@ -137,14 +134,12 @@ def read_rows(self: Interpreter, table: Value, axis: int, index: Shares, dtype: 
     """Shares of table's rows (along `axis`) at each secret index: (*index shape, *table
     without `axis`)."""
     n = int(np.shape(table)[axis]) if not isinstance(table, Secret) else table.shape[axis]
-    width = max(1, (n - 1).bit_length())
-    bits = self.protocol.low_bits(self.ctx, index, width)
-    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
-    digits = self.protocol.b2a(self.ctx, planes)  # (2, width, *index shape)
+    digits = _index_digits(self, index, n)
+    width = len(digits)
     low_width = width // 2
     shape = index.shape[1:]
-    low = _one_hot(self, [digits[:, j] for j in range(low_width)], shape)
-    high = _one_hot(self, [digits[:, j] for j in range(low_width, width)], shape)
+    low = _one_hot(self, digits[:low_width], shape)
+    high = _one_hot(self, digits[low_width:], shape)
     grid_shape = (1 << (width - low_width), 1 << low_width)
     if isinstance(table, Secret):
         cells = self.protocol.local(lambda s: _grid(s, axis, n, grid_shape), table.shares)
@@ -186,11 +181,7 @@ def _along_axis(
     n = shape[axis]
     index = self.arith(indices, np.int64)[..., 0]  # (2, *index axes)
     rank = index.ndim - 1
-    width = max(1, (n - 1).bit_length())
-    bits = self.protocol.low_bits(self.ctx, index, width)
-    planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
-    digits = self.protocol.b2a(self.ctx, planes)
-    onehot = _one_hot(self, [digits[:, j] for j in range(width)], index.shape[1:])[..., :n]
+    onehot = _one_hot(self, _index_digits(self, index, n), index.shape[1:])[..., :n]
     order = [batched[batched_at.index(t)] for t in range(rank) if t in batched_at] + [axis]
     aligned = [shape[batched[batched_at.index(t)]] if t in batched_at else 1 for t in range(rank)]
 
@@ -205,6 +196,14 @@ def _along_axis(
         public = align(self.encode(operand, out_aval(eqn).dtype))
         picked = self.protocol.local(lambda s: s * public, onehot)
     return jnp.sum(picked, axis=-1, dtype=ring.RING)
+
+
+def _index_digits(self: Interpreter, index: Shares, n: int) -> list[Shares]:
+    """The binary digits, lowest first, of a secret index into n positions (its
+    ceil(log2 n) low bits decomposed, then made arithmetic)."""
+    width = max(1, (n - 1).bit_length())
+    digits = bit_digits(self, self.protocol.low_bits(self.ctx, index, width), width)
+    return [digits[:, j] for j in range(width)]
 
 
 def _one_hot(self: Interpreter, digits: list[Shares], shape: tuple[int, ...]) -> Shares:
