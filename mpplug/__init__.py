@@ -10,7 +10,7 @@ from typing import Any
 
 from mpplug import errors
 from mpplug.config import ClusterSpec, PartySpec, TLSFiles
-from mpplug.core import Attrs, DType, PFunction, TensorType
+from mpplug.core import Attrs, DType, PFunction, TableType, TensorType
 from mpplug.core.mpobject import MPObject
 from mpplug.errors import (
     ArgumentMismatchError,
@@ -39,6 +39,7 @@ from mpplug.frontend.primitives import (
     shuffle_static,
     write,
 )
+from mpplug.frontend.tables import from_tensor, num_rows, psi, sql, to_tensor
 from mpplug.frontend.tracer import MPFunction, Program, compile, function
 from mpplug.kernels import KernelRuntime, invoke, kernel
 from mpplug.runtime.cluster import Cluster, ClusterValue, current_cluster
@@ -99,6 +100,7 @@ __all__ = [
     "Program",
     "Simulator",
     "TLSFiles",
+    "TableType",
     "TensorType",
     "TraceError",
     "UnknownKernelError",
@@ -111,21 +113,26 @@ __all__ = [
     "evaluate",
     "fetch",
     "fori_loop",
+    "from_tensor",
     "function",
     "gather",
     "invoke",
     "jax_export",
     "kernel",
     "mpc",
+    "num_rows",
     "p2p",
     "prand",
     "prank",
+    "psi",
     "put",
     "read",
     "run_jax",
     "run_jax_at",
     "run_pfunc",
     "shuffle_static",
+    "sql",
+    "to_tensor",
     "while_loop",
     "write",
 ]

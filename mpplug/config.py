@@ -39,9 +39,10 @@ _PARTY_KEYS = {
 _TLS_KEYS = {"ca", "cert", "key"}
 DATASET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 """Dataset names: no dots, slashes or spaces, so a name can never be read as a path."""
-_DATASET_KEYS = {"path", "key", "dtype"}
+_DATASET_KEYS = {"path", "key", "dtype", "table"}
 _OUTPUTS_KEYS = {"path", "overwrite"}
 DATASET_FORMATS = (".npy", ".npz", ".csv")
+TABLE_FORMATS = (".csv", ".parquet")
 _TOP_KEYS = {"parties", "limits"}
 
 
@@ -104,12 +105,14 @@ class TLSFiles:
 @dataclass(frozen=True)
 class DatasetSpec:
     """A file a party exposes under `name`: a `.npy`, one `key` of a `.npz`, or a `.csv` of
-    numbers parsed as `dtype`."""
+    numbers parsed as `dtype`; or, with `table`, a `.csv` (header row first) or `.parquet`
+    file read as a table."""
 
     name: str
     path: Path
     key: str | None = None
     dtype: str | None = None
+    table: bool = False
 
     @property
     def format(self) -> str:
@@ -523,13 +526,32 @@ def _data(entry: Any, where: str, base: Path) -> tuple[DatasetSpec, ...]:
         path = fields.get("path")
         if not isinstance(path, str) or not path:
             raise ConfigError(f"{at}.path: expected a file path, got {path!r}")
-        spec = DatasetSpec(name, (base / path).resolve(), fields.get("key"), fields.get("dtype"))
-        _check_format(spec, at)
+        table = fields.get("table", False)
+        if not isinstance(table, bool):
+            raise ConfigError(f"{at}.table: expected true or false, got {table!r}")
+        spec = DatasetSpec(
+            name, (base / path).resolve(), fields.get("key"), fields.get("dtype"), table
+        )
+        if table:
+            _check_table_format(spec, at)
+        else:
+            _check_format(spec, at)
         found.append(spec)
     return tuple(found)
 
 
+def _check_table_format(spec: DatasetSpec, at: str) -> None:
+    if spec.format not in TABLE_FORMATS:
+        raise ConfigError(
+            f"{at}.path: a table is a {' or '.join(TABLE_FORMATS)} file, got {spec.path.name!r}"
+        )
+    if spec.key is not None or spec.dtype is not None:
+        raise ConfigError(f"{at}: a table takes its columns from the file: no 'key' or 'dtype'")
+
+
 def _check_format(spec: DatasetSpec, at: str) -> None:
+    if spec.format == ".parquet":
+        raise ConfigError(f"{at}.table: a .parquet dataset is a table: declare 'table: true'")
     if spec.format not in DATASET_FORMATS:
         raise ConfigError(
             f"{at}.path: expected a {', '.join(DATASET_FORMATS)} file, got {spec.path.name!r}"

@@ -55,6 +55,21 @@ class DatasetError(MPPlugError, ValueError):
     directory, an existing file or a symlink in the way, or a dataset that changed."""
 
 
+class TableError(MPPlugError, ValueError):
+    """A table a party refuses: columns or rows other than declared, a column kind mpplug
+    does not hold, or bytes that are not a valid Arrow IPC stream."""
+
+
+class SQLError(TableError):
+    """A query DuckDB refuses at a party: a syntax or binder error, or a reach for files,
+    extensions, settings or the network, which every party's connection forbids."""
+
+
+class PSIError(TableError):
+    """A private set intersection a party refuses: a missing or unsupported key column,
+    duplicate keys, or a peer's message of the wrong size or with a low-order point."""
+
+
 class FixedPointRangeError(MPPlugError, ValueError):
     """A value a party seals that fixed point cannot hold: not finite, or too large."""
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from mpplug.config import ClusterSpec
-from mpplug.core import TensorType
+from mpplug.core import ValueType
 from mpplug.core.custom_calls import CustomCallPolicy
 from mpplug.core.parties import PartySet
 from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError, WireError
@@ -178,18 +178,19 @@ class Simulator(Cluster):
 
     # Stores are plain dicts: put and fetch touch them from the caller's thread (an evaluate
     # that wrote a value has finished before its handle exists), still through the codec.
-    def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None:
-        self._stores[rank][name] = codec.from_wire(codec.to_wire(array), where=f"put {name}")
+    def _put(self, rank: int, name: str, value: Any) -> None:
+        self._stores[rank][name] = codec.from_wire(codec.to_wire(value), where=f"put {name}")
 
-    def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
-        return np.asarray(codec.from_wire(self._load(rank, name), where=f"fetch {name}"))
+    def _fetch(self, rank: int, name: str) -> Any:
+        value = codec.from_wire(self._load(rank, name), where=f"fetch {name}")
+        return value if codec.is_table(value) else np.asarray(value)
 
     def _load(self, rank: int, name: str) -> codec.WireValue:
         if name not in self._stores[rank]:
             raise MPPlugError(f"party {rank} holds no value named {name!r} (released?)")
         return codec.to_wire(self._stores[rank][name])
 
-    def _dataset_type(self, rank: int, name: str) -> TensorType:
+    def _dataset_type(self, rank: int, name: str) -> ValueType:
         return self._parties[rank].runtime.datasets.info(name)
 
     def _release(self, names: list[str], ranks: PartySet) -> None:

@@ -180,8 +180,14 @@ def test_repr_shows_kernel_name_types_and_digest_prefix():
         ({"fn_type": ""}, "expected a non-empty str fn_type, got ''"),
         ({"fn_type": None}, "expected a non-empty str fn_type, got None"),
         ({"fn_body": "text"}, "expected fn_body as bytes, got str"),
-        ({"ins_info": (F32, "f32[2]")}, r"ins_info\[1\]: expected TensorType, got str"),
-        ({"outs_info": (np.float32,)}, r"outs_info\[0\]: expected TensorType, got type"),
+        (
+            {"ins_info": (F32, "f32[2]")},
+            r"ins_info\[1\]: expected TensorType or TableType, got str",
+        ),
+        (
+            {"outs_info": (np.float32,)},
+            r"outs_info\[0\]: expected TensorType or TableType, got type",
+        ),
         ({"attrs": {"v": None}}, "attr 'v': expected bool, int, float, str, bytes or a tuple"),
         ({"attrs": {"v": {"a": 1}}}, "attr 'v': expected .* got dict"),
         ({"attrs": {"v": (1, None)}}, "attr 'v': expected .* got NoneType"),

@@ -167,7 +167,7 @@ def test_values_of_another_program_are_refused():
     ("data", "message"),
     [
         (b"\xff\xff\xff", r"do not decode as a Graph"),
-        (b"", r"expected graph version 1\.\.2, got 0$"),
+        (b"", r"expected graph version 1\.\.3, got 0$"),
     ],
 )
 def test_garbage_program_bytes_are_rejected(data, message):

@@ -25,6 +25,7 @@ from mpplug.core.ops import (
     participants,
     shuffle_sources,
     uses_regions,
+    uses_tables,
 )
 from mpplug.core.parties import format_parties
 from mpplug.core.pfunction import PFunction
@@ -32,8 +33,10 @@ from mpplug.core.validate import validate_graph
 from mpplug.errors import InvalidPFunctionError, InvalidProgramError, UnsupportedDTypeError
 from mpplug.protos import values_pb2 as pb
 
-GRAPH_VERSION = 2
-"""The newest graph version this code reads and writes: 2 adds COND and WHILE."""
+GRAPH_VERSION = 3
+"""The newest graph version this code reads and writes: 2 adds COND and WHILE, 3 table types."""
+TABLES_VERSION = 3
+REGIONS_VERSION = 2
 FIRST_VERSION = 1
 """The oldest readable version; a graph is written with the lowest version that expresses it."""
 
@@ -58,7 +61,9 @@ class Graph(Block):
 
     @cached_property
     def version(self) -> int:
-        return GRAPH_VERSION if uses_regions(self.ops) else FIRST_VERSION
+        if uses_tables(self):
+            return TABLES_VERSION
+        return REGIONS_VERSION if uses_regions(self.ops) else FIRST_VERSION
 
     def to_bytes(self) -> bytes:
         return self._bytes
@@ -147,7 +152,7 @@ def _op_to_proto(op: Op) -> pb.Op:
         kind=op.kind.value,
         parties=sorted(op.parties),
         inputs=[pb.ValueRef(op=r.op, index=r.index) for r in op.inputs],
-        outs=[serde.tensor_type_to_proto(t) for t in op.outs],
+        outs=[serde.value_type_to_proto(t) for t in op.outs],
         function=op.function,
         routes=[pb.Route(dst=d, src=s) for d, s in op.routes],
         input_index=op.input_index,
@@ -203,9 +208,9 @@ def _ops_from_proto(msgs: Sequence[pb.Op], where: str, version: int) -> tuple[Op
         if op.kind not in (k.value for k in OpKind):
             raise InvalidProgramError(f"{at}: unknown op kind {op.kind}")
         kind = OpKind(op.kind)
-        if kind in REGION_KINDS and version < GRAPH_VERSION:
+        if kind in REGION_KINDS and version < REGIONS_VERSION:
             raise InvalidProgramError(
-                f"{at}: a {kind.name} op needs graph version {GRAPH_VERSION}, got {version}"
+                f"{at}: a {kind.name} op needs graph version {REGIONS_VERSION}, got {version}"
             )
         ops.append(
             Op(
@@ -214,8 +219,7 @@ def _ops_from_proto(msgs: Sequence[pb.Op], where: str, version: int) -> tuple[Op
                 parties=frozenset(op.parties),
                 inputs=tuple(ValueRef(r.op, r.index) for r in op.inputs),
                 outs=tuple(
-                    serde.tensor_type_from_proto(t, f"{at}.outs[{j}]")
-                    for j, t in enumerate(op.outs)
+                    serde.value_type_from_proto(t, f"{at}.outs[{j}]") for j, t in enumerate(op.outs)
                 ),
                 function=op.function,
                 routes=tuple((r.dst, r.src) for r in op.routes),

@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import NamedTuple
 
 from mpplug.core.parties import PartySet
-from mpplug.core.types import TensorType
+from mpplug.core.types import TableType, ValueType
 from mpplug.protos import values_pb2 as pb
 
 
@@ -45,7 +45,7 @@ class Op:
     kind: OpKind
     parties: PartySet
     inputs: tuple[ValueRef, ...]
-    outs: tuple[TensorType, ...]
+    outs: tuple[ValueType, ...]
     function: int = 0
     routes: tuple[tuple[int, int], ...] = ()
     input_index: int = 0
@@ -67,7 +67,7 @@ class Block:
     ops: tuple[Op, ...]
     outputs: tuple[ValueRef, ...]
 
-    def value_type(self, ref: ValueRef) -> TensorType:
+    def value_type(self, ref: ValueRef) -> ValueType:
         return self.ops[ref.op].outs[ref.index]
 
     def holders(self, ref: ValueRef) -> PartySet:
@@ -113,3 +113,10 @@ def participants(block: Block) -> PartySet:
 
 def uses_regions(ops: tuple[Op, ...]) -> bool:
     return any(op.kind in REGION_KINDS for op in ops)
+
+
+def uses_tables(block: Block) -> bool:
+    """Whether any value of `block`, or of a region in it, is a table."""
+    return any(isinstance(t, TableType) for op in block.ops for t in op.outs) or any(
+        uses_tables(r) for op in block.ops for r in op.regions
+    )

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from mpplug.core.attrs import Attrs
-from mpplug.core.types import TensorType
+from mpplug.core.types import TableType, TensorType, ValueType
 from mpplug.errors import InvalidPFunctionError
 
 
@@ -29,8 +29,8 @@ class PFunction:
     fn_type: str
     fn_name: str
     fn_body: bytes
-    ins_info: tuple[TensorType, ...]
-    outs_info: tuple[TensorType, ...]
+    ins_info: tuple[ValueType, ...]
+    outs_info: tuple[ValueType, ...]
     attrs: Attrs
 
     def __init__(
@@ -38,8 +38,8 @@ class PFunction:
         fn_type: str,
         fn_name: str,
         fn_body: bytes,
-        ins_info: Iterable[TensorType],
-        outs_info: Iterable[TensorType],
+        ins_info: Iterable[ValueType],
+        outs_info: Iterable[ValueType],
         attrs: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(fn_type, str) or not fn_type:
@@ -50,9 +50,9 @@ class PFunction:
         outs = tuple(outs_info)
         for where, types in (("ins_info", ins), ("outs_info", outs)):
             for i, t in enumerate(types):
-                if not isinstance(t, TensorType):
+                if not isinstance(t, TensorType | TableType):
                     raise InvalidPFunctionError(
-                        f"{where}[{i}]: expected TensorType, got {type(t).__name__}"
+                        f"{where}[{i}]: expected TensorType or TableType, got {type(t).__name__}"
                     )
         object.__setattr__(self, "fn_type", fn_type)
         object.__setattr__(self, "fn_name", str(fn_name))

@@ -1,4 +1,4 @@
-"""Protobuf conversion for the core records: TensorType, Attrs and PFunction.
+"""Protobuf conversion for the core records: value types, Attrs and PFunction.
 
 Decoding validates everything and raises typed errors that say what is wrong and where.
 """
@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from mpplug.core.attrs import Attrs, AttrValue
 from mpplug.core.dtypes import DType
 from mpplug.core.pfunction import PFunction
-from mpplug.core.types import TensorType
+from mpplug.core.types import COLUMN_KINDS, MAX_COLUMNS, TableType, TensorType, ValueType
 from mpplug.errors import InvalidPFunctionError, UnsupportedDTypeError
 from mpplug.protos import values_pb2 as pb
 
@@ -46,6 +46,48 @@ def tensor_type_from_proto(msg: pb.TensorType, where: str) -> TensorType:
                 f"(zero-size dimensions counted as 1), over the limit of any array"
             )
     return TensorType(dtype, tuple(msg.shape))
+
+
+def table_schema_to_proto(t: TableType) -> pb.TableSchema:
+    return pb.TableSchema(
+        columns=[pb.TableColumn(name=name, kind=kind) for name, kind in t.columns],
+        rows=-1 if t.rows is None else t.rows,
+    )
+
+
+def table_schema_from_proto(msg: pb.TableSchema, where: str) -> TableType:
+    """Decode a table's schema; a ValueError says what is wrong and where."""
+    if not 1 <= len(msg.columns) <= MAX_COLUMNS:
+        raise ValueError(f"{where}: expected 1..{MAX_COLUMNS} columns, got {len(msg.columns)}")
+    for i, column in enumerate(msg.columns):
+        if column.kind not in COLUMN_KINDS or not column.name or len(column.name) > 256:
+            raise ValueError(
+                f"{where}.columns[{i}]: expected a name of 1..256 characters and a kind among "
+                f"{', '.join(COLUMN_KINDS)}, got {column.name[:64]!r} of kind {column.kind[:64]!r}"
+            )
+    if msg.rows < -1:
+        raise ValueError(f"{where}.rows: expected a row count or -1 (unknown), got {msg.rows}")
+    try:
+        return TableType(
+            [(c.name, c.kind) for c in msg.columns], None if msg.rows == -1 else msg.rows
+        )
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def value_type_to_proto(t: ValueType) -> pb.TensorType:
+    """A tensor's type, or a table's (its schema in `table`, no dtype or shape)."""
+    if isinstance(t, TableType):
+        return pb.TensorType(table=table_schema_to_proto(t))
+    return tensor_type_to_proto(t)
+
+
+def value_type_from_proto(msg: pb.TensorType, where: str) -> ValueType:
+    if msg.HasField("table"):
+        if msg.dtype or msg.shape:
+            raise ValueError(f"{where}: a table's type has no dtype or shape")
+        return table_schema_from_proto(msg.table, f"{where}.table")
+    return tensor_type_from_proto(msg, where)
 
 
 def _attr_value_to_proto(value: AttrValue) -> pb.AttrValue:
@@ -92,8 +134,8 @@ def pfunction_to_proto(pf: PFunction) -> pb.PFunction:
         fn_type=pf.fn_type,
         fn_name=pf.fn_name,
         fn_body=pf.fn_body,
-        ins_info=[tensor_type_to_proto(t) for t in pf.ins_info],
-        outs_info=[tensor_type_to_proto(t) for t in pf.outs_info],
+        ins_info=[value_type_to_proto(t) for t in pf.ins_info],
+        outs_info=[value_type_to_proto(t) for t in pf.outs_info],
         attrs=attrs_to_proto(pf.attrs),
     )
 
@@ -101,11 +143,10 @@ def pfunction_to_proto(pf: PFunction) -> pb.PFunction:
 def pfunction_from_proto(msg: pb.PFunction, where: str = "PFunction") -> PFunction:
     try:
         ins = tuple(
-            tensor_type_from_proto(t, f"{where}.ins_info[{i}]") for i, t in enumerate(msg.ins_info)
+            value_type_from_proto(t, f"{where}.ins_info[{i}]") for i, t in enumerate(msg.ins_info)
         )
         outs = tuple(
-            tensor_type_from_proto(t, f"{where}.outs_info[{i}]")
-            for i, t in enumerate(msg.outs_info)
+            value_type_from_proto(t, f"{where}.outs_info[{i}]") for i, t in enumerate(msg.outs_info)
         )
     except (UnsupportedDTypeError, ValueError) as exc:
         raise InvalidPFunctionError(str(exc)) from None

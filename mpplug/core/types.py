@@ -1,6 +1,6 @@
-"""`TensorType`: the element type and static shape of one array.
-
-Frozen and hashable; prints compactly as `f32[2,3]`.
+"""Value types: `TensorType` (an array's dtype and static shape) and `TableType` (a table's
+columns and, when known, its row count). Frozen and hashable; they print as `f32[2,3]` and
+`table[id:str, x:f64; ?]`.
 """
 
 from __future__ import annotations
@@ -60,3 +60,59 @@ class TensorType:
 
     def __repr__(self) -> str:
         return f"TensorType({self})"
+
+
+COLUMN_KINDS = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64", "str")
+"""What a table column may hold: a supported numeric dtype's short name, or UTF-8 text."""
+
+MAX_COLUMNS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class TableType:
+    """A table held by a party: its columns (name, kind) in order, and its row count when the
+    program knows it (`rows=None`: decided at run time and never told to the driver)."""
+
+    columns: tuple[tuple[str, str], ...]
+    rows: int | None = None
+
+    def __init__(self, columns: Any, rows: int | None = None) -> None:
+        cols = tuple((str(name), str(kind)) for name, kind in columns)
+        if not cols or len(cols) > MAX_COLUMNS:
+            raise ValueError(f"expected 1..{MAX_COLUMNS} columns, got {len(cols)}")
+        names = [name for name, _ in cols]
+        if len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"expected distinct non-empty column names, got {names}")
+        for name, kind in cols:
+            if kind not in COLUMN_KINDS:
+                kinds = ", ".join(COLUMN_KINDS)
+                raise ValueError(f"column {name!r}: expected a kind among {kinds}, got {kind!r}")
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ValueError(f"expected a non-negative row count or None, got {rows!r}")
+        object.__setattr__(self, "columns", cols)
+        object.__setattr__(self, "rows", rows)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.columns)
+
+    def kind(self, name: str) -> str:
+        """The kind of column `name`; a KeyError naming the columns if there is none."""
+        for column, kind in self.columns:
+            if column == name:
+                return kind
+        raise KeyError(f"no column {name!r}; the table has {', '.join(self.names)}")
+
+    def with_rows(self, rows: int | None) -> TableType:
+        return TableType(self.columns, rows)
+
+    def __str__(self) -> str:
+        body = ", ".join(f"{name}:{kind}" for name, kind in self.columns)
+        return f"table[{body}; {'?' if self.rows is None else self.rows}]"
+
+    def __repr__(self) -> str:
+        return f"TableType({self})"
+
+
+ValueType = TensorType | TableType
+"""The type of any value a program moves: an array or a table."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NoReturn
 from mpplug.core.dtypes import DType
 from mpplug.core.ops import REGION_KINDS, Block, Op, OpKind, Region, ValueRef, participants
 from mpplug.core.parties import PartySet, format_parties
-from mpplug.core.types import TensorType
+from mpplug.core.types import TensorType, ValueType
 from mpplug.errors import InvalidProgramError
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ MAX_REGION_DEPTH = 32
 """How deeply COND and WHILE may nest."""
 PREDICATE = TensorType(DType.BOOL, ())
 
-Param = tuple[TensorType, PartySet]
+Param = tuple[ValueType, PartySet]
 
 
 def validate_graph(graph: Graph) -> None:

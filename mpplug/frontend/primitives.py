@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from mpplug.config import DATASET_NAME
-from mpplug.core import PFunction, TensorType
+from mpplug.core import PFunction, TableType, TensorType
 from mpplug.core.graph import OpKind
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
@@ -20,6 +20,7 @@ from mpplug.errors import MPPlugError, TraceError
 from mpplug.frontend.jax_export import function_name, is_array_like, jax_export
 from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder, static_key
 from mpplug.kernels import builtin
+from mpplug.kernels.datasets import TABLE_WRITE_FORMATS
 from mpplug.kernels.runtime import LRUCache
 
 Party = int | str
@@ -61,6 +62,11 @@ def _leaf(builder: GraphBuilder, where: str, parties: PartySet, i: int, leaf: An
     numpy copy (as it is now), or any other value as it is."""
     if isinstance(leaf, MPObject):
         value = builder.value(leaf, f"{where} argument leaf {i}")
+        if isinstance(value.type, TableType):
+            raise TraceError(
+                f"{where}: argument leaf {i} is a table ({value.type}); JAX takes arrays: "
+                f"convert it with mp.to_tensor first"
+            )
         if not parties <= value.parties:
             raise TraceError(
                 f"{where}: argument leaf {i} ({value.type}) is held by "
@@ -269,15 +275,18 @@ def _check_name(where: str, name: Any, kind: str, kinds: str) -> None:
 def read(party: Party, name: str, *, type: Any = None) -> TracedValue:
     """Party `party`'s dataset `name`, loaded there (it never passes through the driver).
 
-    Its dtype and shape come from the party while tracing; `type` (a TensorType) gives them
-    when tracing without a cluster (`mp.compile`).
+    Its dtype and shape (a table dataset's columns and row count) come from the party while
+    tracing; `type` (a TensorType or TableType) gives them when tracing without a cluster
+    (`mp.compile`).
     """
     builder = current_builder("read")
     where = f"mp.read({party!r}, {name!r})"
     rank = builder.resolve_party(party, where)
     _check_name(where, name, "a dataset", "datasets")
     if type is not None:
-        ttype = type if isinstance(type, TensorType) else TensorType(type.dtype, type.shape)
+        ttype = (
+            type if isinstance(type, TensorType | TableType) else TensorType(type.dtype, type.shape)
+        )
     elif builder.dataset_type is None:
         raise TraceError(f"{where}: tracing without a cluster; give the dataset's type=")
     else:
@@ -288,9 +297,10 @@ def read(party: Party, name: str, *, type: Any = None) -> TracedValue:
     return _call(builder, builtin.read_pfunction(name, ttype), (), frozenset({rank}))[0]
 
 
-def write(party: Party, name: str, value: MPObject) -> TracedValue:
-    """Write `value`, held by `party`, there as its output `name` (`<outputs>/<name>.npy`,
-    atomically). Returns a bool[] at `party` that says it happened."""
+def write(party: Party, name: str, value: MPObject, *, format: str | None = None) -> TracedValue:
+    """Write `value`, held by `party`, there as its output `name`, atomically: an array as
+    `<outputs>/<name>.npy`, a table as `<name>.parquet` (or `format="csv"`). Returns a bool[]
+    at `party` that says it happened."""
     builder = current_builder("write")
     where = f"mp.write({party!r}, {name!r})"
     rank = builder.resolve_party(party, where)
@@ -301,7 +311,16 @@ def write(party: Party, name: str, value: MPObject) -> TracedValue:
             f"{where}: the value is held by {format_parties(v.parties)}, not by party {rank}; "
             f"move it first with mp.p2p"
         )
-    return _call(builder, builtin.write_pfunction(name, v.type), (v,), frozenset({rank}))[0]
+    table = isinstance(v.type, TableType)
+    chosen = format or ("parquet" if table else "npy")
+    allowed = TABLE_WRITE_FORMATS if table else ("npy",)
+    if chosen not in allowed:
+        raise TraceError(
+            f"{where}: a {'table' if table else 'array'} is written as "
+            f"{' or '.join(allowed)}, got format={format!r}"
+        )
+    pfunc = builtin.write_pfunction(name, v.type, chosen)
+    return _call(builder, pfunc, (v,), frozenset({rank}))[0]
 
 
 def shuffle_static(x: MPObject | Sequence[MPObject], routing: Mapping[Party, Party]) -> TracedValue:

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.tree_util import PyTreeDef, keystr
 
-from mpplug.core import PFunction, TensorType
+from mpplug.core import PFunction, ValueType
 from mpplug.core.graph import Graph, Op, OpKind, Region, ValueRef
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
@@ -35,7 +35,7 @@ class TracedValue(MPObject):
     __slots__ = ("__weakref__", "builder", "ref")
 
     def __init__(
-        self, builder: GraphBuilder, ref: ValueRef, type: TensorType, parties: PartySet
+        self, builder: GraphBuilder, ref: ValueRef, type: ValueType, parties: PartySet
     ) -> None:
         super().__init__(type, parties)
         self.builder = builder
@@ -205,7 +205,7 @@ class GraphBuilder:
         platforms: Sequence[str] | None = None,
         *,
         parent: GraphBuilder | None = None,
-        dataset_type: Callable[[int, str], TensorType] | None = None,
+        dataset_type: Callable[[int, str], ValueType] | None = None,
         fuse: bool = False,
     ) -> None:
         if world_size < 1:
@@ -215,7 +215,7 @@ class GraphBuilder:
         self.party_names = list(party_names) if party_names is not None else None
         self.platforms = tuple(platforms) if platforms is not None else None
         self.parent = parent
-        self.dataset_type: Callable[[int, str], TensorType] | None = (
+        self.dataset_type: Callable[[int, str], ValueType] | None = (
             parent.dataset_type if parent else dataset_type
         )
         """Asks the cluster for a party's dataset type (None: tracing without a cluster)."""
@@ -347,7 +347,7 @@ class GraphBuilder:
         kind: OpKind,
         parties: PartySet,
         inputs: Sequence[TracedValue],
-        outs: Sequence[TensorType],
+        outs: Sequence[ValueType],
         *,
         function: PFunction | None = None,
         routes: Sequence[tuple[int, int]] = (),
@@ -524,11 +524,11 @@ class Program:
         return self.graph.ir()
 
     @cached_property
-    def input_types(self) -> list[tuple[TensorType, PartySet]]:
+    def input_types(self) -> list[tuple[ValueType, PartySet]]:
         return [(op.outs[0], op.parties) for op in self.graph.input_ops]
 
     @cached_property
-    def output_types(self) -> list[tuple[TensorType, PartySet]]:
+    def output_types(self) -> list[tuple[ValueType, PartySet]]:
         return [(self.graph.value_type(r), self.graph.holders(r)) for r in self.graph.outputs]
 
     def unflatten(self, values: Sequence[Any]) -> Any:
@@ -550,7 +550,7 @@ def trace(
     world_size: int,
     party_names: Sequence[str] | None = None,
     platforms: Sequence[str] | None = None,
-    dataset_type: Callable[[int, str], TensorType] | None = None,
+    dataset_type: Callable[[int, str], ValueType] | None = None,
     kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[Program, list[MPObject]]:
     """Trace `fn(*args, **kwargs)`: MPObject leaves of the arguments become program inputs

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mpplug.core import DType, PFunction, TensorType
+from mpplug.core import DType, PFunction, TensorType, ValueType
 from mpplug.errors import FixedPointRangeError, InvalidPFunctionError
 from mpplug.kernels.runtime import KernelRuntime
 
@@ -66,14 +66,15 @@ def counter_pfunction(stop: int) -> PFunction:
     )
 
 
-def read_pfunction(name: str, ttype: TensorType) -> PFunction:
+def read_pfunction(name: str, ttype: ValueType) -> PFunction:
     """() -> ttype: the party's dataset `name` (see `mpplug.kernels.datasets`)."""
     return PFunction(READ, "read", b"", (), (ttype,), {"name": name})
 
 
-def write_pfunction(name: str, ttype: TensorType) -> PFunction:
-    """ttype -> bool[]: writes the value as the party's output `name`; returns True."""
-    return PFunction(WRITE, "write", b"", (ttype,), (FLAG_TYPE,), {"name": name})
+def write_pfunction(name: str, ttype: ValueType, format: str = "npy") -> PFunction:
+    """ttype -> bool[]: writes the value as the party's output `name` (`<name>.<format>`:
+    npy for an array, parquet or csv for a table); returns True."""
+    return PFunction(WRITE, "write", b"", (ttype,), (FLAG_TYPE,), {"name": name, "format": format})
 
 
 def check_range_pfunction(ttype: TensorType, limit: float, label: str) -> PFunction:
@@ -93,7 +94,7 @@ def _dataset_name(pfunc: PFunction) -> str:
     return name
 
 
-def _single_output(pfunc: PFunction) -> TensorType:
+def _single_output(pfunc: PFunction) -> ValueType:
     if len(pfunc.outs_info) != 1:
         raise InvalidPFunctionError(
             f"{pfunc.fn_type}: expected exactly one output type, got {len(pfunc.outs_info)}"
@@ -101,8 +102,15 @@ def _single_output(pfunc: PFunction) -> TensorType:
     return pfunc.outs_info[0]
 
 
-def run_constant(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+def _tensor_output(pfunc: PFunction) -> TensorType:
     ttype = _single_output(pfunc)
+    if not isinstance(ttype, TensorType):
+        raise InvalidPFunctionError(f"{pfunc.fn_type}: expected an array output, got {ttype}")
+    return ttype
+
+
+def run_constant(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    ttype = _tensor_output(pfunc)
     if len(pfunc.fn_body) != ttype.nbytes:
         raise InvalidPFunctionError(
             f"{CONSTANT}: {ttype} needs {ttype.nbytes} body bytes, got {len(pfunc.fn_body)}"
@@ -120,7 +128,7 @@ def run_rank(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> l
 
 def run_random(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
     """Uniform uint32 or uint64 words from the operating system's cryptographic source."""
-    ttype = _single_output(pfunc)
+    ttype = _tensor_output(pfunc)
     if ttype.dtype not in RANDOM_DTYPES:
         raise InvalidPFunctionError(f"{RANDOM}: expected a u32 or u64 output, got {ttype}")
     data = secrets.token_bytes(ttype.nbytes)
@@ -150,7 +158,10 @@ def run_read(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> l
 def run_write(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
     if pfunc.outs_info != (FLAG_TYPE,) or len(pfunc.ins_info) != 1:
         raise InvalidPFunctionError(f"{WRITE}: expected one input and a {FLAG_TYPE} output")
-    runtime.datasets.write(_dataset_name(pfunc), args[0])
+    fmt = pfunc.attrs.get("format", "npy")
+    if not isinstance(fmt, str):
+        raise InvalidPFunctionError(f"{WRITE}: expected a str attribute 'format', got {fmt!r}")
+    runtime.datasets.write(_dataset_name(pfunc), args[0], fmt)
     return [np.asarray(True)]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from mpplug.core import PFunction, TensorType
+from mpplug.core import PFunction, TableType, TensorType
 from mpplug.errors import ArgumentMismatchError, InvalidPFunctionError
 from mpplug.kernels.registry import REGISTRY
 from mpplug.kernels.runtime import KernelRuntime, default_runtime
@@ -38,6 +38,15 @@ def _mismatch(pfunc: PFunction, i: int, arg: Any) -> ArgumentMismatchError:
     )
 
 
+def _checked_table(pfunc: PFunction, i: int, arg: Any, expected: TableType) -> Any:
+    from mpplug.tables import arrow
+
+    try:
+        return arrow.conform(arg, expected, f"{pfunc.fn_name!r} argument {i}")
+    except ValueError as exc:
+        raise ArgumentMismatchError(str(exc)) from None
+
+
 def _check_arguments(pfunc: PFunction, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """The arguments, non-arrays converted with `np.asarray`, once each matches `ins_info`.
 
@@ -53,6 +62,11 @@ def _check_arguments(pfunc: PFunction, args: tuple[Any, ...]) -> tuple[Any, ...]
     checked: list[Any] | None = None
     for i, arg in enumerate(args):
         ttype = expected[i]
+        if isinstance(ttype, TableType):
+            if checked is None:
+                checked = list(args)
+            checked[i] = _checked_table(pfunc, i, arg, ttype)
+            continue
         try:
             shape, dtype = arg.shape, arg.dtype
         except AttributeError:

@@ -15,7 +15,7 @@ import platform as platform_module
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.extend
@@ -23,7 +23,7 @@ import numpy as np
 from jax import export as jax_export
 from jax.sharding import SingleDeviceSharding
 
-from mpplug.core import PFunction, TensorType
+from mpplug.core import PFunction, TensorType, ValueType
 from mpplug.core.custom_calls import (
     CustomCall,
     CustomCallRefused,
@@ -153,13 +153,16 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
         )
     if not pfunc.fn_body:
         raise InvalidPFunctionError(f"{_where(pfunc)}: fn_body is empty")
+    tables = [str(t) for t in (*pfunc.ins_info, *pfunc.outs_info) if not isinstance(t, TensorType)]
+    if tables:
+        raise InvalidPFunctionError(f"{_where(pfunc)}: JAX takes and gives arrays, not {tables[0]}")
     declared = pfunc.attrs.get(ATTR_CALLING_CONVENTION)
     if isinstance(declared, int):
         _check_version(pfunc, declared, "declares")
     device = runtime.resolved_device()
     target = device if device is not None else jax.devices()[0]
     x64 = bool(pfunc.attrs.get(ATTR_X64, False)) or any(
-        t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
+        isinstance(t, TensorType) and t.dtype.is_64bit for t in (*pfunc.ins_info, *pfunc.outs_info)
     )
     disk = disk_cache()
     key = _disk_key(pfunc, target, runtime)
@@ -279,10 +282,15 @@ def _lapack_ready() -> bool:
     return True
 
 
+def _tensor_types(types: Sequence[ValueType]) -> list[TensorType]:
+    """A jax.exec PFunction's types, all arrays (`load` refused any table)."""
+    return [cast(TensorType, t) for t in types]
+
+
 def _executable_call(executable: Any, device: Any, pfunc: PFunction) -> Callable[..., Any]:
     """Calls a loaded executable as the jitted function would: arguments checked against
     `ins_info` (TypeError), moved to `device`, outputs returned as a flat tuple."""
-    expected = [(tuple(t.shape), np.dtype(t.dtype.numpy)) for t in pfunc.ins_info]
+    expected = [(tuple(t.shape), np.dtype(t.dtype.numpy)) for t in _tensor_types(pfunc.ins_info)]
     where = _where(pfunc)
 
     def call(*args: Any) -> tuple[Any, ...]:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mpplug.core import TensorType
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import format_parties
 from mpplug.errors import TraceError
@@ -149,6 +150,8 @@ def seal(
                 f"pass them to mp.mpc.run as they are"
             )
         value = builder.value(leaf, at)
+        if not isinstance(value.type, TensorType):
+            raise TraceError(f"{at}: a table ({value.type}) cannot be sealed: mp.to_tensor first")
         if len(value.parties) != 1:
             raise TraceError(
                 f"{at}: expected a value held by one party, got one held by "
@@ -161,7 +164,8 @@ def seal(
                 f"{at} ({value.type} from {format_parties(value.parties)}; fixed point with "
                 f"frac_bits={frac_bits} holds |v| < 2^{RANGE_BITS - frac_bits})"
             )
-            check = check_range_pfunction(value.type, fixed_point_limit(frac_bits), label)
+            limit = fixed_point_limit(frac_bits)
+            check = check_range_pfunction(value.type, limit, label)
             (value,) = run_pfunc(check, value, parties=[owner])
         shares = proto.share(value, owner, ranks, _encoder(dtype, frac_bits))
         sealed.append(

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
 
+from mpplug.core import PFunction, TensorType
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels.keystream import keystream_pfunction, stream_offsets
 from mpplug.mpc.prf import blocks_for, prf_p, stream_view
@@ -29,6 +30,11 @@ from mpplug.mpc.recording import Recording
 exchange_p = Primitive("mpc_exchange")
 """`exchange(x, sources=(s0, s1, s2), tag=...)`: role d receives the value role s_d holds
 (s_d == d keeps its own and sends nothing); `tag` names the protocol step in the IR."""
+
+
+def tensor_outs(pfunc: PFunction) -> list[TensorType]:
+    """A share program's output types: always arrays."""
+    return [t for t in pfunc.outs_info if isinstance(t, TensorType)]
 
 
 @exchange_p.def_abstract_eval
@@ -273,7 +279,7 @@ def record_rounds(
                     segment, *(types[a] for a in args), platforms=platforms, disk=False
                 )
             results = recording.call(pfunc, args)
-            types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in pfunc.outs_info]
+            types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in tensor_outs(pfunc)]
             held.update(zip(keep, results, strict=False))
             for (index, message), vector in zip(sends, results[len(keep) :], strict=True):
                 packed[index] = recording.shuffle(vector, message.sources)
@@ -367,14 +373,16 @@ class _Randomness:
                 keys, *(types[a] for a in args), platforms=platforms, disk=False
             )
         (table,) = recording.call(pfunc, args)
-        types.append(jax.ShapeDtypeStruct(pfunc.outs_info[0].shape, pfunc.outs_info[0].dtype.numpy))
+        (out,) = tensor_outs(pfunc)
+        types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
         stride = None if self.iteration is None else self.iteration[1]
         draw = keystream_pfunction(self.streams, self.counts, self.rows, stride)
         args = [table, *([held[self.role]] if len(self.rows) > 1 else [])]
         if self.iteration is not None:
             args.append(held[self.iteration[0]])
         (buffer,) = recording.call(draw, args)
-        types.append(jax.ShapeDtypeStruct(draw.outs_info[0].shape, draw.outs_info[0].dtype.numpy))
+        (out,) = tensor_outs(draw)
+        types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
         return buffer
 
     def view(self, env: dict[Any, Any], v: Var) -> Any:

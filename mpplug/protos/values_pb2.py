@@ -24,37 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ampplug/protos/values.proto\x12\x06mpplug\"9\n\nTensorType\x12\x1c\n\x05\x64type\x18\x01 \x01(\x0e\x32\r.mpplug.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\",\n\x08\x41ttrList\x12 \n\x05items\x18\x01 \x03(\x0b\x32\x11.mpplug.AttrValue\"x\n\tAttrValue\x12\x0b\n\x01\x62\x18\x01 \x01(\x08H\x00\x12\x0b\n\x01i\x18\x02 \x01(\x12H\x00\x12\x0b\n\x01\x66\x18\x03 \x01(\x01H\x00\x12\x0b\n\x01s\x18\x04 \x01(\tH\x00\x12\r\n\x03raw\x18\x05 \x01(\x0cH\x00\x12 \n\x04list\x18\x06 \x01(\x0b\x32\x10.mpplug.AttrListH\x00\x42\x06\n\x04kind\"5\n\x04\x41ttr\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.mpplug.AttrValue\"\xa8\x01\n\tPFunction\x12\x0f\n\x07\x66n_type\x18\x01 \x01(\t\x12\x0f\n\x07\x66n_name\x18\x02 \x01(\t\x12\x0f\n\x07\x66n_body\x18\x03 \x01(\x0c\x12$\n\x08ins_info\x18\x04 \x03(\x0b\x32\x12.mpplug.TensorType\x12%\n\touts_info\x18\x05 \x03(\x0b\x32\x12.mpplug.TensorType\x12\x1b\n\x05\x61ttrs\x18\x06 \x03(\x0b\x32\x0c.mpplug.Attr\"%\n\x08ValueRef\x12\n\n\x02op\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\"!\n\x05Route\x12\x0b\n\x03\x64st\x18\x01 \x01(\r\x12\x0b\n\x03src\x18\x02 \x01(\r\"\x1c\n\tPartyList\x12\x0f\n\x07parties\x18\x01 \x03(\r\"D\n\x06Region\x12\x17\n\x03ops\x18\x01 \x03(\x0b\x32\n.mpplug.Op\x12!\n\x07outputs\x18\x02 \x03(\x0b\x32\x10.mpplug.ValueRef\"\xe8\x02\n\x02Op\x12\n\n\x02id\x18\x01 \x01(\r\x12\x1d\n\x04kind\x18\x02 \x01(\x0e\x32\x0f.mpplug.Op.Kind\x12\x0f\n\x07parties\x18\x03 \x03(\r\x12 \n\x06inputs\x18\x04 \x03(\x0b\x32\x10.mpplug.ValueRef\x12 \n\x04outs\x18\x05 \x03(\x0b\x32\x12.mpplug.TensorType\x12\x10\n\x08\x66unction\x18\x06 \x01(\r\x12\x1d\n\x06routes\x18\x07 \x03(\x0b\x32\r.mpplug.Route\x12\x13\n\x0binput_index\x18\x08 \x01(\r\x12\x1f\n\x07regions\x18\t \x03(\x0b\x32\x0e.mpplug.Region\x12&\n\x0bout_parties\x18\n \x03(\x0b\x32\x11.mpplug.PartyList\"S\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05INPUT\x10\x01\x12\x08\n\x04\x43\x41LL\x10\x02\x12\x0b\n\x07SHUFFLE\x10\x03\x12\x08\n\x04\x43OND\x10\x04\x12\t\n\x05WHILE\x10\x05\"\x9c\x01\n\x05Graph\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12$\n\tfunctions\x18\x04 \x03(\x0b\x32\x11.mpplug.PFunction\x12\x17\n\x03ops\x18\x05 \x03(\x0b\x32\n.mpplug.Op\x12!\n\x07outputs\x18\x06 \x03(\x0b\x32\x10.mpplug.ValueRef*\xd6\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42OOL\x10\x01\x12\x08\n\x04INT8\x10\x02\x12\t\n\x05INT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\t\n\x05UINT8\x10\x06\x12\n\n\x06UINT16\x10\x07\x12\n\n\x06UINT32\x10\x08\x12\n\n\x06UINT64\x10\t\x12\x0b\n\x07\x46LOAT16\x10\n\x12\x0c\n\x08\x42\x46LOAT16\x10\x0b\x12\x0b\n\x07\x46LOAT32\x10\x0c\x12\x0b\n\x07\x46LOAT64\x10\r\x12\r\n\tCOMPLEX64\x10\x0e\x12\x0e\n\nCOMPLEX128\x10\x0f\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ampplug/protos/values.proto\x12\x06mpplug\"]\n\nTensorType\x12\x1c\n\x05\x64type\x18\x01 \x01(\x0e\x32\r.mpplug.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\"\n\x05table\x18\x03 \x01(\x0b\x32\x13.mpplug.TableSchema\")\n\x0bTableColumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"A\n\x0bTableSchema\x12$\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x13.mpplug.TableColumn\x12\x0c\n\x04rows\x18\x02 \x01(\x12\",\n\x08\x41ttrList\x12 \n\x05items\x18\x01 \x03(\x0b\x32\x11.mpplug.AttrValue\"x\n\tAttrValue\x12\x0b\n\x01\x62\x18\x01 \x01(\x08H\x00\x12\x0b\n\x01i\x18\x02 \x01(\x12H\x00\x12\x0b\n\x01\x66\x18\x03 \x01(\x01H\x00\x12\x0b\n\x01s\x18\x04 \x01(\tH\x00\x12\r\n\x03raw\x18\x05 \x01(\x0cH\x00\x12 \n\x04list\x18\x06 \x01(\x0b\x32\x10.mpplug.AttrListH\x00\x42\x06\n\x04kind\"5\n\x04\x41ttr\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.mpplug.AttrValue\"\xa8\x01\n\tPFunction\x12\x0f\n\x07\x66n_type\x18\x01 \x01(\t\x12\x0f\n\x07\x66n_name\x18\x02 \x01(\t\x12\x0f\n\x07\x66n_body\x18\x03 \x01(\x0c\x12$\n\x08ins_info\x18\x04 \x03(\x0b\x32\x12.mpplug.TensorType\x12%\n\touts_info\x18\x05 \x03(\x0b\x32\x12.mpplug.TensorType\x12\x1b\n\x05\x61ttrs\x18\x06 \x03(\x0b\x32\x0c.mpplug.Attr\"%\n\x08ValueRef\x12\n\n\x02op\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\"!\n\x05Route\x12\x0b\n\x03\x64st\x18\x01 \x01(\r\x12\x0b\n\x03src\x18\x02 \x01(\r\"\x1c\n\tPartyList\x12\x0f\n\x07parties\x18\x01 \x03(\r\"D\n\x06Region\x12\x17\n\x03ops\x18\x01 \x03(\x0b\x32\n.mpplug.Op\x12!\n\x07outputs\x18\x02 \x03(\x0b\x32\x10.mpplug.ValueRef\"\xe8\x02\n\x02Op\x12\n\n\x02id\x18\x01 \x01(\r\x12\x1d\n\x04kind\x18\x02 \x01(\x0e\x32\x0f.mpplug.Op.Kind\x12\x0f\n\x07parties\x18\x03 \x03(\r\x12 \n\x06inputs\x18\x04 \x03(\x0b\x32\x10.mpplug.ValueRef\x12 \n\x04outs\x18\x05 \x03(\x0b\x32\x12.mpplug.TensorType\x12\x10\n\x08\x66unction\x18\x06 \x01(\r\x12\x1d\n\x06routes\x18\x07 \x03(\x0b\x32\r.mpplug.Route\x12\x13\n\x0binput_index\x18\x08 \x01(\r\x12\x1f\n\x07regions\x18\t \x03(\x0b\x32\x0e.mpplug.Region\x12&\n\x0bout_parties\x18\n \x03(\x0b\x32\x11.mpplug.PartyList\"S\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05INPUT\x10\x01\x12\x08\n\x04\x43\x41LL\x10\x02\x12\x0b\n\x07SHUFFLE\x10\x03\x12\x08\n\x04\x43OND\x10\x04\x12\t\n\x05WHILE\x10\x05\"\x9c\x01\n\x05Graph\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12$\n\tfunctions\x18\x04 \x03(\x0b\x32\x11.mpplug.PFunction\x12\x17\n\x03ops\x18\x05 \x03(\x0b\x32\n.mpplug.Op\x12!\n\x07outputs\x18\x06 \x03(\x0b\x32\x10.mpplug.ValueRef*\xd6\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42OOL\x10\x01\x12\x08\n\x04INT8\x10\x02\x12\t\n\x05INT16\x10\x03\x12\t\n\x05INT32\x10\x04\x12\t\n\x05INT64\x10\x05\x12\t\n\x05UINT8\x10\x06\x12\n\n\x06UINT16\x10\x07\x12\n\n\x06UINT32\x10\x08\x12\n\n\x06UINT64\x10\t\x12\x0b\n\x07\x46LOAT16\x10\n\x12\x0c\n\x08\x42\x46LOAT16\x10\x0b\x12\x0b\n\x07\x46LOAT32\x10\x0c\x12\x0b\n\x07\x46LOAT64\x10\r\x12\r\n\tCOMPLEX64\x10\x0e\x12\x0e\n\nCOMPLEX128\x10\x0f\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mpplug.protos.values_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1188
-  _globals['_DTYPE']._serialized_end=1402
+  _globals['_DTYPE']._serialized_start=1334
+  _globals['_DTYPE']._serialized_end=1548
   _globals['_TENSORTYPE']._serialized_start=38
-  _globals['_TENSORTYPE']._serialized_end=95
-  _globals['_ATTRLIST']._serialized_start=97
-  _globals['_ATTRLIST']._serialized_end=141
-  _globals['_ATTRVALUE']._serialized_start=143
-  _globals['_ATTRVALUE']._serialized_end=263
-  _globals['_ATTR']._serialized_start=265
-  _globals['_ATTR']._serialized_end=318
-  _globals['_PFUNCTION']._serialized_start=321
-  _globals['_PFUNCTION']._serialized_end=489
-  _globals['_VALUEREF']._serialized_start=491
-  _globals['_VALUEREF']._serialized_end=528
-  _globals['_ROUTE']._serialized_start=530
-  _globals['_ROUTE']._serialized_end=563
-  _globals['_PARTYLIST']._serialized_start=565
-  _globals['_PARTYLIST']._serialized_end=593
-  _globals['_REGION']._serialized_start=595
-  _globals['_REGION']._serialized_end=663
-  _globals['_OP']._serialized_start=666
-  _globals['_OP']._serialized_end=1026
-  _globals['_OP_KIND']._serialized_start=943
-  _globals['_OP_KIND']._serialized_end=1026
-  _globals['_GRAPH']._serialized_start=1029
-  _globals['_GRAPH']._serialized_end=1185
+  _globals['_TENSORTYPE']._serialized_end=131
+  _globals['_TABLECOLUMN']._serialized_start=133
+  _globals['_TABLECOLUMN']._serialized_end=174
+  _globals['_TABLESCHEMA']._serialized_start=176
+  _globals['_TABLESCHEMA']._serialized_end=241
+  _globals['_ATTRLIST']._serialized_start=243
+  _globals['_ATTRLIST']._serialized_end=287
+  _globals['_ATTRVALUE']._serialized_start=289
+  _globals['_ATTRVALUE']._serialized_end=409
+  _globals['_ATTR']._serialized_start=411
+  _globals['_ATTR']._serialized_end=464
+  _globals['_PFUNCTION']._serialized_start=467
+  _globals['_PFUNCTION']._serialized_end=635
+  _globals['_VALUEREF']._serialized_start=637
+  _globals['_VALUEREF']._serialized_end=674
+  _globals['_ROUTE']._serialized_start=676
+  _globals['_ROUTE']._serialized_end=709
+  _globals['_PARTYLIST']._serialized_start=711
+  _globals['_PARTYLIST']._serialized_end=739
+  _globals['_REGION']._serialized_start=741
+  _globals['_REGION']._serialized_end=809
+  _globals['_OP']._serialized_start=812
+  _globals['_OP']._serialized_end=1172
+  _globals['_OP_KIND']._serialized_start=1089
+  _globals['_OP_KIND']._serialized_end=1172
+  _globals['_GRAPH']._serialized_start=1175
+  _globals['_GRAPH']._serialized_end=1331
 # @@protoc_insertion_point(module_scope)

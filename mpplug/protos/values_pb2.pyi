@@ -43,12 +43,30 @@ COMPLEX64: DType
 COMPLEX128: DType
 
 class TensorType(_message.Message):
-    __slots__ = ("dtype", "shape")
+    __slots__ = ("dtype", "shape", "table")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    table: TableSchema
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., table: _Optional[_Union[TableSchema, _Mapping]] = ...) -> None: ...
+
+class TableColumn(_message.Message):
+    __slots__ = ("name", "kind")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class TableSchema(_message.Message):
+    __slots__ = ("columns", "rows")
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    columns: _containers.RepeatedCompositeFieldContainer[TableColumn]
+    rows: int
+    def __init__(self, columns: _Optional[_Iterable[_Union[TableColumn, _Mapping]]] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class AttrList(_message.Message):
     __slots__ = ("items",)

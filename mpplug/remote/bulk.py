@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 from mpplug.config import ClusterSpec, TLSFiles, split_endpoint
 from mpplug.core import TensorType
 from mpplug.protos import service_pb2 as pb
+from mpplug.protos import values_pb2
 from mpplug.remote.rpc import REFUSALS, BadRequest, refusal_of
 from mpplug.remote.streaming import as_bytes_view
 from mpplug.runtime import codec
@@ -86,6 +87,7 @@ class Admitted(NamedTuple):
     key: Key
     ttype: TensorType
     where: str
+    header: values_pb2.TensorType
 
 
 class Inbox(Protocol):
@@ -572,7 +574,8 @@ class Listener:
             return None
         _reply(sock, _OK)
         _read_into(sock, as_bytes_view(buffer))
-        return codec.from_buffer(admitted.ttype, buffer, admitted.where)
+        value = codec.from_buffer(admitted.ttype, buffer, admitted.where)
+        return codec.finish(admitted.header, value, admitted.where)
 
     def _idle_again(self, conn: _Connection) -> bool:
         with self._lock:

@@ -45,7 +45,7 @@ import grpc
 import numpy as np
 
 from mpplug.config import ClusterSpec, TLSFiles
-from mpplug.core import TensorType
+from mpplug.core import TensorType, ValueType
 from mpplug.core.parties import PartySet
 from mpplug.errors import (
     DatasetError,
@@ -272,9 +272,10 @@ class Driver(Cluster):
         self._close_session()
 
     # -- values ---------------------------------------------------------------------------
-    def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None:
+    def _put(self, rank: int, name: str, value: Any) -> None:
         self._flush_releases()
-        header = pb.PutHeader(session=self.session, name=name, type=codec.encode_type(array))
+        value_type, array = codec.encode(value)
+        header = pb.PutHeader(session=self.session, name=name, type=value_type)
         chunks = encode_chunks(header, array)
         deadline = transfer_deadline(self.timeout, array.nbytes)
         try:
@@ -286,7 +287,7 @@ class Driver(Cluster):
             raise rpc_failure(exc, self._party_names[rank], "Put") from None
         self._sizes[name] = array.nbytes
 
-    def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]:
+    def _fetch(self, rank: int, name: str) -> Any:
         self._flush_releases()
         party = self._party_names[rank]
         where = f"value {name!r} fetched from party {party}"
@@ -295,11 +296,12 @@ class Driver(Cluster):
         try:
             chunks = self._streams[rank].Fetch(request.SerializeToString(), timeout=deadline)
             header, parts = read_chunks(chunks, pb.FetchChunk, where)
-            return receive_tensor(codec.decode_type(header, where), parts, where)
+            value = receive_tensor(codec.decode_type(header, where), parts, where)
+            return codec.finish(header, value, where)
         except grpc.RpcError as exc:
             raise rpc_failure(exc, party, "Fetch") from None
 
-    def _dataset_type(self, rank: int, name: str) -> TensorType:
+    def _dataset_type(self, rank: int, name: str) -> ValueType:
         party = self._party_names[rank]
         request = pb.DatasetInfoRequest(session=self.session, name=name)
         try:
@@ -308,7 +310,7 @@ class Driver(Cluster):
             if missing_of(exc) == "dataset":
                 raise DatasetError(status_of(exc)[1]) from None
             raise rpc_failure(exc, party, "DatasetInfo") from None
-        return codec.decode_type(reply.type, f"dataset {name!r} of party {party}")
+        return codec.decode_declared_type(reply.type, f"dataset {name!r} of party {party}")
 
     def _release(self, names: list[str], ranks: PartySet) -> None:
         # May run in a GC finalizer on any thread: only queue (deque appends are atomic).
@@ -414,7 +416,7 @@ class Driver(Cluster):
             root = [e for _, e in sorted(errors.items()) if not isinstance(e, ExecutionAborted)]
             raise (root or list(errors.values()))[0]
         for name, (ttype, _) in zip(out_names, program.output_types, strict=True):
-            self._sizes[name] = ttype.nbytes
+            self._sizes[name] = ttype.nbytes if isinstance(ttype, TensorType) else 0
 
     def _taking_part(self, program: Program) -> list[int]:
         """The ranks with anything to do in `program`; the others are not contacted."""

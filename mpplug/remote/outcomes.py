@@ -11,8 +11,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from mpplug.errors import (
     CommTimeoutError,
     ExecutionAborted,
@@ -108,16 +106,18 @@ def add_inline(reply: pb.ExecuteReply, outputs: Sequence[tuple[str, Any]], max_b
     stays within MAX_INLINE_BYTES."""
     budget = MAX_INLINE_BYTES
     for name, value in outputs:
+        if codec.is_table(value):
+            continue  # a table is fetched when asked for, never encoded on speculation
         array = codec.as_host_array(value)
         if array.nbytes <= min(max_bytes, budget):
             budget -= array.nbytes
             reply.values.add(name=name, type=codec.encode_type(array), data=array.tobytes())
 
 
-def inline_values(reply: pb.ExecuteReply, party: str) -> dict[str, np.ndarray[Any, Any]]:
+def inline_values(reply: pb.ExecuteReply, party: str) -> dict[str, Any]:
     """The outputs a reply from `party` carries back, by name, each validated."""
     found = {}
     for msg in reply.values:
         where = f"output {msg.name!r} sent back by party {party}"
-        found[msg.name] = codec.from_buffer(codec.decode_type(msg.type, where), msg.data, where)
+        found[msg.name] = codec.decode(msg.type, msg.data, where)
     return found

@@ -113,13 +113,13 @@ class PeerCommunicator(Communicator):
         self._cond = threading.Condition()
 
     def send(self, key: Key, value: Any) -> None:
-        array = codec.as_host_array(value)
+        value_type, array = codec.encode(value)
         header = pb.PeerHeader(
             exec_id=key.exec_id,
             op=key.op,
             src=key.src,
             dst=key.dst,
-            type=codec.encode_type(array),
+            type=value_type,
             scope=key.scope,
         )
         bulk = not fits_one_chunk(array.nbytes) and self._links.reaches(key.dst)
@@ -321,6 +321,7 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
         admitted = self.admit(header, caller)
         try:
             value = receive_tensor(admitted.ttype, parts, admitted.where)
+            value = codec.finish(admitted.header, value, admitted.where)
         except BaseException:
             self.release(admitted)
             raise
@@ -376,7 +377,7 @@ class PeerServicer(rpc_pb.PeerServiceServicer):
                 f"waiting here already or on their way; {ttype.nbytes} more would pass the "
                 f"limit of {self._mailbox.max_pending_bytes}"
             ) from None
-        return Admitted(key, ttype, where)
+        return Admitted(key, ttype, where, header.type)
 
     def deliver(self, admitted: Admitted, value: Any) -> None:
         """Put an admitted value in the mailbox for its execution to take."""

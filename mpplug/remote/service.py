@@ -18,12 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
-import numpy as np
 
 from mpplug.config import ClusterSpec, ServerLimits
-from mpplug.core import TensorType
-from mpplug.core.serde import tensor_type_to_proto
-from mpplug.errors import DatasetError
+from mpplug.core import TableType, TensorType
+from mpplug.core.serde import value_type_to_proto
+from mpplug.errors import DatasetError, WireError
 from mpplug.kernels.registry import REGISTRY
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
@@ -218,7 +217,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         name = check_name(header.name, "Put name")
         where = f"Put {name!r}"
         ttype = codec.decode_type(header.type, where)
-        session.store({name: receive_tensor(ttype, parts, where)})
+        session.store({name: codec.finish(header.type, receive_tensor(ttype, parts, where), where)})
         return pb.PutReply()
 
     @handle_errors
@@ -380,12 +379,16 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         inputs: list[Any] = [None] * len(names)
         for op in held:
             name = names[op.input_index]
-            value = session.get(name)
-            got = TensorType(value.dtype, value.shape)
-            if got != op.outs[0]:
-                raise BadRequest(
-                    f"argument {op.input_index} ({name!r}): expected {op.outs[0]}, got {got}"
-                )
+            value, expected = session.get(name), op.outs[0]
+            where = f"argument {op.input_index} ({name!r})"
+            if isinstance(expected, TableType):
+                try:
+                    value = codec.received_table(value, expected, where)
+                except WireError as exc:
+                    raise BadRequest(str(exc)) from None
+            elif codec.is_table(value) or TensorType(value.dtype, value.shape) != expected:
+                got = "a table" if codec.is_table(value) else TensorType(value.dtype, value.shape)
+                raise BadRequest(f"{where}: expected {expected}, got {got}")
             inputs[op.input_index] = value
         return inputs
 
@@ -400,11 +403,10 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
     def Fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         session = self._sessions.get(request.session)
         session.release(request.release)
-        value = session.get(request.name)
-        array = codec.as_host_array(np.asarray(value))
+        value_type, array = codec.encode(session.get(request.name))
         if array.nbytes > SMALL_REPLY_BYTES:
             self._downloads.hold_for(context)
-        return self._watch.watch(context, encode_chunks(codec.encode_type(array), array))
+        return self._watch.watch(context, encode_chunks(value_type, array))
 
     @handle_errors
     def FetchMany(
@@ -416,15 +418,13 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             )
         session = self._sessions.get(request.session)
         session.release(request.release)
-        arrays = [
-            codec.as_host_array(np.asarray(session.get(check_name(name, f"names[{i}]"))))
+        encoded = [
+            codec.encode(session.get(check_name(name, f"names[{i}]")))
             for i, name in enumerate(request.names)
         ]
-        if sum(array.nbytes for array in arrays) > SMALL_REPLY_BYTES:
+        if sum(array.nbytes for _, array in encoded) > SMALL_REPLY_BYTES:
             self._downloads.hold_for(context)
-        stream = (
-            chunk for array in arrays for chunk in encode_chunks(codec.encode_type(array), array)
-        )
+        stream = (chunk for header, array in encoded for chunk in encode_chunks(header, array))
         return self._watch.watch(context, stream)
 
     @handle_errors
@@ -441,7 +441,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             executions=len(self._running),
             uptime_s=time.monotonic() - self._started,
             datasets=[
-                pb.Dataset(name=name, type=tensor_type_to_proto(ttype))
+                pb.Dataset(name=name, type=value_type_to_proto(ttype))
                 for name, ttype in sorted(self._party.runtime.datasets.types().items())
             ],
         )
@@ -455,7 +455,7 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
             ttype = self._party.runtime.datasets.info(request.name)
         except DatasetError as exc:
             raise NotFound("dataset", str(exc)) from None
-        return pb.DatasetInfoReply(type=tensor_type_to_proto(ttype))
+        return pb.DatasetInfoReply(type=value_type_to_proto(ttype))
 
 
 def _on_call_end(context: grpc.ServicerContext, abort: Callable[[], None]) -> Callable[[], None]:

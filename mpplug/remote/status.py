@@ -16,7 +16,7 @@ from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.remote.channels import open_channel
 from mpplug.remote.rpc import status_of
 from mpplug.remote.tls import channel_credentials
-from mpplug.runtime.codec import decode_type
+from mpplug.runtime.codec import decode_declared_type
 
 UNREACHABLE = "UNREACHABLE"
 
@@ -67,7 +67,7 @@ def query_status(
         f"up {status.uptime_s:.0f}s"
     )
     datasets = tuple(
-        (d.name, str(decode_type(d.type, f"dataset {d.name!r} of party {target.name}")))
+        (d.name, str(decode_declared_type(d.type, f"dataset {d.name!r} of party {target.name}")))
         for d in status.datasets
     )
     return PartyStatus(target.name, target.endpoint, state, status.sessions, detail, datasets)

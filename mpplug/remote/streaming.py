@@ -204,20 +204,21 @@ def read_tensors(
     header_type = _header_type(chunk_type)
     arrays: list[np.ndarray[Any, Any]] = []
     ttype: TensorType | None = None
+    msg: Any = None
     buffer = np.empty(0, dtype=np.uint8)
     filled = 0
     for i, raw in enumerate(messages):
         head, data = _split(raw, name, f"{where} message {i}")
         if head is not None:
             if ttype is not None:
-                arrays.append(_finished(ttype, buffer, filled, f"{where} value {len(arrays)}"))
+                arrays.append(_finished(msg, ttype, buffer, filled, f"{where} value {len(arrays)}"))
             if len(arrays) == count:
                 raise WireError(f"{where}: more than the {count} values asked for")
             try:
                 msg = header_type.FromString(head.tobytes())
             except DecodeError as exc:
                 raise WireError(f"{where}: a header does not decode as {name}: {exc}") from None
-            ttype = codec.decode_type(msg, f"{where} value {len(arrays)}")  # type: ignore[arg-type]
+            ttype = codec.decode_type(msg, f"{where} value {len(arrays)}")
             buffer, filled = np.empty(ttype.nbytes, dtype=np.uint8), 0
         elif ttype is None:
             raise WireError(f"{where}: the first message has no header")
@@ -229,15 +230,15 @@ def read_tensors(
         buffer[filled:end] = np.frombuffer(data, dtype=np.uint8)
         filled = end
     if ttype is not None:
-        arrays.append(_finished(ttype, buffer, filled, f"{where} value {len(arrays)}"))
+        arrays.append(_finished(msg, ttype, buffer, filled, f"{where} value {len(arrays)}"))
     if len(arrays) != count:
         raise WireError(f"{where}: the stream ended after {len(arrays)} of {count} values")
     return arrays
 
 
 def _finished(
-    ttype: TensorType, buffer: np.ndarray[Any, Any], filled: int, where: str
-) -> np.ndarray[Any, Any]:
+    msg: Any, ttype: TensorType, buffer: np.ndarray[Any, Any], filled: int, where: str
+) -> Any:
     if filled != len(buffer):
         raise WireError(f"{where}: the stream ended after {filled} of {len(buffer)} bytes")
-    return codec.from_buffer(ttype, buffer, where)
+    return codec.finish(msg, codec.from_buffer(ttype, buffer, where), where)

@@ -15,15 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
-from mpplug.core import TensorType
+from mpplug.core import TensorType, ValueType
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet, format_parties
 from mpplug.errors import MPPlugError, TraceError
 from mpplug.frontend.tracer import MPFunction, Program, static_key, trace
 from mpplug.kernels.runtime import LRUCache
-from mpplug.runtime.codec import as_host_array
+from mpplug.runtime.codec import as_host_array, is_table, payload_nbytes
 from mpplug.runtime.profile import Timeline
 
 _cluster_ids = itertools.count()
@@ -36,7 +35,7 @@ class ClusterValue(MPObject):
 
     __slots__ = ("__weakref__", "cluster", "name")
 
-    def __init__(self, cluster: Cluster, name: str, type: TensorType, parties: PartySet) -> None:
+    def __init__(self, cluster: Cluster, name: str, type: ValueType, parties: PartySet) -> None:
         super().__init__(type, parties)
         self.cluster = cluster
         self.name = name
@@ -104,16 +103,26 @@ class Cluster(ABC):
             self._timeline = outer
 
     def put(self, party: int | str, value: Any) -> ClusterValue:
-        """Send a host value to one party; returns its handle."""
+        """Send a host value (an array, or a `pyarrow.Table`) to one party; returns its
+        handle. A table's handle knows its columns and row count."""
         self._check_open()
         start = time.time_ns()
         rank = self.rank_of(party)
-        array = as_host_array(value)
+        vtype: ValueType
+        if is_table(value):
+            from mpplug.tables import arrow
+
+            vtype = arrow.table_type(value, f"put to party {rank}")
+            value = arrow.conform(value, vtype, f"put to party {rank}")
+        else:
+            value = as_host_array(value)
+            vtype = TensorType(value.dtype, value.shape)
         name = self._new_name()
-        self._put(rank, name, array)
+        self._put(rank, name, value)
         if self._timeline is not None:
-            self._timeline.caller.add("put", "rpc", start, party=rank, bytes=array.nbytes)
-        return self._handle(name, TensorType(array.dtype, array.shape), frozenset({rank}))
+            nbytes = payload_nbytes(value)
+            self._timeline.caller.add("put", "rpc", start, party=rank, bytes=nbytes)
+        return self._handle(name, vtype, frozenset({rank}))
 
     def compile(self, fn: Callable[..., Any] | Program, *args: Any, **kwargs: Any) -> Program:
         """Trace `fn` for this cluster (cached by function and argument signature)."""
@@ -215,15 +224,15 @@ class Cluster(ABC):
 
     # -- what subclasses provide ----------------------------------------------------------
     @abstractmethod
-    def _put(self, rank: int, name: str, array: np.ndarray[Any, Any]) -> None: ...
+    def _put(self, rank: int, name: str, value: Any) -> None: ...
 
     @abstractmethod
     def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None: ...
 
     @abstractmethod
-    def _fetch(self, rank: int, name: str) -> np.ndarray[Any, Any]: ...
+    def _fetch(self, rank: int, name: str) -> Any: ...
 
-    def _fetch_groups(self, wanted: dict[int, list[str]]) -> dict[int, list[np.ndarray[Any, Any]]]:
+    def _fetch_groups(self, wanted: dict[int, list[str]]) -> dict[int, list[Any]]:
         """The values named, by party; subclasses ask each party once, in parallel."""
         return {r: [self._fetch(r, name) for name in names] for r, names in wanted.items()}
 
@@ -231,7 +240,7 @@ class Cluster(ABC):
     def _release(self, names: list[str], ranks: PartySet) -> None: ...
 
     @abstractmethod
-    def _dataset_type(self, rank: int, name: str) -> TensorType:
+    def _dataset_type(self, rank: int, name: str) -> ValueType:
         """The dtype and shape of party `rank`'s dataset `name`, asked of that party."""
 
     @abstractmethod
@@ -245,7 +254,7 @@ class Cluster(ABC):
     def _new_name(self) -> str:
         return f"v{self._id}.{next(self._names)}"
 
-    def _handle(self, name: str, ttype: TensorType, parties: PartySet) -> ClusterValue:
+    def _handle(self, name: str, ttype: ValueType, parties: PartySet) -> ClusterValue:
         handle = ClusterValue(self, name, ttype, parties)
         weakref.finalize(handle, _release_quietly, weakref.ref(self), name, parties)
         return handle

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mpplug.core import PFunction, TensorType
+from mpplug.core import PFunction, TableType, TensorType
 from mpplug.core.graph import Graph, Op, OpKind, ValueRef, shuffle_sources
 from mpplug.core.ops import Block
 from mpplug.errors import (
@@ -26,6 +26,7 @@ from mpplug.errors import (
     WireError,
 )
 from mpplug.kernels import KernelRuntime, builtin, invoke
+from mpplug.runtime.codec import payload_nbytes, received_table
 from mpplug.runtime.communicator import Communicator, Key
 from mpplug.runtime.profile import Recorder, Span, compile_seconds
 
@@ -352,7 +353,7 @@ class Interpreter:
             try:
                 run.comm.send(Key(run.exec_id, op.id, rank, dst, scope), env[ref])
             finally:  # a send cut short by an abort shows how long it took too
-                nbytes = int(np.asarray(env[ref]).nbytes)
+                nbytes = payload_nbytes(env[ref])
                 run.recorder.add("send", "send", start, op=op.id, to=dst, bytes=nbytes)
         if step.local is not None:
             return (env[step.local],)
@@ -370,7 +371,9 @@ class Interpreter:
                 exc.party, exc.peer, f"{exc.key}, {where}", exc.timeout
             ) from None
         expected = op.outs[0]
-        if value.dtype != expected.dtype.numpy or value.shape != expected.shape:
+        if isinstance(expected, TableType):
+            value = received_table(value, expected, f"party {step.receive_from}")
+        elif value.dtype != expected.dtype.numpy or value.shape != expected.shape:
             got = TensorType(value.dtype, value.shape)
             raise WireError(f"received {got} from party {step.receive_from}, expected {expected}")
         if run.recorder is not None:
