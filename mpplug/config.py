@@ -447,6 +447,7 @@ def _as_dict(p: PartySpec) -> dict[str, Any]:
             ds.name: {"path": str(ds.path)}
             | ({"key": ds.key} if ds.key is not None else {})
             | ({"dtype": ds.dtype} if ds.dtype is not None else {})
+            | ({"table": True} if ds.table else {})
             for ds in p.data
         }
     if p.outputs is not None:

@@ -20,11 +20,11 @@ import mpplug as mp
 from mpplug.config import ClusterSpec
 from mpplug.core.graph import Graph
 from mpplug.core.types import COLUMN_KINDS
-from mpplug.errors import ConfigError, PartyError, TraceError, WireError
+from mpplug.errors import ConfigError, PartyError, SQLError, TraceError, WireError
 from mpplug.protos import values_pb2
 from mpplug.remote.launch import LocalParties
 from mpplug.runtime import codec
-from mpplug.tables import arrow
+from mpplug.tables import arrow, sql
 from simulator import Simulator
 
 from .clusters import PARTY_ENV, driven
@@ -270,6 +270,25 @@ def test_table_datasets_are_declared_plainly(entry: dict[str, Any], message: str
     data["parties"][0]["data"] = {"t": entry}
     with pytest.raises(ConfigError, match=message):
         ClusterSpec.from_dict(data)
+
+
+def test_a_table_dataset_survives_the_cluster_file_round_trip(world: World) -> None:
+    spec = ClusterSpec.from_yaml(world.config)
+    again = ClusterSpec.from_dict(spec.to_dict())
+    assert [d.table for d in again.parties[1].data] == [True]
+
+
+def test_a_query_cannot_reach_duckdbs_temporary_folder(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "notes.csv").write_text("a,b\n1,2\n")
+    table = pa.table({"a": [1]})
+    for query in ("SELECT * FROM read_csv('.tmp/notes.csv')", "SELECT file FROM glob('.tmp/*')"):
+        with pytest.raises(SQLError, match="disabled by configuration"):
+            sql.run(query, {"t": table}, "here")
+    with pytest.raises(SQLError, match="disabled by configuration"):
+        sql.run("COPY (SELECT 1 AS v) TO '.tmp/planted.csv'; SELECT 1 AS v", {"t": table}, "here")
+    assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["notes.csv"]
 
 
 def test_a_column_mpplug_cannot_hold_is_named_at_start(tmp_path: Path) -> None:

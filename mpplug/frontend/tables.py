@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from mpplug.core import DType, TableType, TensorType
 from mpplug.core.parties import format_parties
-from mpplug.errors import SQLError, TraceError
+from mpplug.errors import TableError, TraceError
 from mpplug.frontend.primitives import Party, _call, p2p, prand
 from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
 
@@ -60,7 +60,7 @@ def sql(party: Party, query: str, *, schema: TableType | None = None, **tables: 
 
         try:
             out = duck.result_type(query, dict(zip(tables, ins, strict=True)), where)
-        except SQLError as exc:
+        except TableError as exc:  # SQLError too
             raise TraceError(str(exc)) from None
     elif isinstance(schema, TableType):
         out = schema.with_rows(None)

@@ -89,7 +89,7 @@ def key_bytes(column: pa.ChunkedArray, kind: str, where: str) -> list[bytes]:
     """Each key as bytes: its kind's tag (text or integer), then its UTF-8 or decimal text, so
     an integer key matches across integer widths; nulls and duplicates are refused."""
     if column.null_count:
-        raise PSIError(f"{where}: the key column holds {column.null_count} nulls")
+        raise PSIError(f"{where}: the key column holds nulls ({column.null_count})")
     if pc.count_distinct(column).as_py() != len(column):
         raise PSIError(f"{where}: the key column holds duplicates; PSI takes distinct keys")
     tag = KEY_KINDS[kind]
