@@ -4,7 +4,8 @@ against plain JAX: and/or/xor/not, shifts by constants and population_count on i
 uint16 (wrapping as JAX wraps, including int32's minimum), `//`, `%`, lax.div and lax.rem by
 constants of either sign, conversions to narrower or differently signed integers and to
 bool, split and XOR-reduce; floor, ceil, trunc, round to even and away from zero at exact
-ties; prod, cumprod, cummax, cummin; sin, erf, gelu and sinh (at their documented errors).
+ties; prod, cumprod, cummax, cummin; sin, erf, gelu and sinh (at their documented errors);
+division by secret integers, scatter at secret rows, signbit and nextafter.
 Every function written through exp, log, sqrt and 1/x by an identity (`_IDENTITIES`) is
 checked against JAX in plaintext: the identity is what its rule adds to those parts, whose
 errors `test_mpc_rules` measures."""
@@ -31,7 +32,7 @@ U = rng.integers(0, 2**16, size=6, dtype=np.int64).astype(np.uint16)
 X = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -3.2, 3.7, 0.0, -1e-4, 7.0, -100.51], np.float32)
 P = np.array([[1.5, -2.0, 0.5], [3.0, 0.25, -1.0]], np.float32)
 EXACT = ("floor", "ceil", "trunc", "round_even", "round_away", "prod", "cumprod", "cummax")
-APPROXIMATE = {"sin": 1e-4, "erf": 2e-3, "gelu": 3e-3, "sinh": 3e-3}
+APPROXIMATE = {"sin": 1e-4, "erf": 2e-3, "gelu": 3e-3, "sinh": 3e-3, "nextafter": 4e-6}
 
 
 def integers(a: Any, b: Any, u: Any) -> dict[str, Any]:
@@ -95,6 +96,32 @@ def test_rounding_products_running_extremes_and_identities_compute_what_jax_comp
     assert set(EXACT) <= set(reals(X, P))
 
 
+def secret_divisors_and_positions(a: Any, d: Any, u: Any, v: Any, x: Any, i: Any) -> dict[str, Any]:
+    rows = x.reshape(4, 3)
+    return {
+        "div": lax.div(a, d), "rem": lax.rem(a, d), "floor_divide": a // d, "modulo": a % d,
+        "unsigned_div": u // v, "unsigned_rem": u % v,
+        "set": rows.at[i[0]].set(x[:3]), "add_duplicates": rows.at[i].add(rows[:3]),
+        "set_dropped": x.at[i[2]].set(9.0), "set_clipped": x.at[i[2]].set(9.0, mode="clip"),
+        "public_add": rows.at[jnp.array([0, 0])].add(rows[:2]), "public_set": x.at[3].set(x[0]),
+        "signbit": jnp.signbit(x), "copysign": jnp.copysign(x, x[::-1]),
+        "nextafter": jnp.nextafter(x, x[::-1]),
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_division_by_secret_integers_and_writes_at_secret_positions_are_exact():
+    """Long division by secret divisors of both signs (int32 extremes, uint16); scatter and
+    scatter-add at secret rows, a duplicate adding twice, -1 wrapping to the last row, an
+    index past the end dropped (or clipped); signbit and nextafter in fixed point."""
+    a = np.array([17, -17, 17, -17, 0, 2**31 - 1, -(2**31) + 1, 100], np.int32)
+    d = np.array([5, 5, -5, -5, 3, 7, 3, 1], np.int32)
+    u, v = np.array([65535, 17, 3, 0], np.uint16), np.array([255, 5, 7, 9], np.uint16)
+    x = np.array([-2.5, 0.0, 1.5, 3.0, -0.125, 7.25] * 2, np.float32)  # exact in fixed point
+    i = np.array([2, -1, 9], np.int32)
+    check(secret_divisors_and_positions, a, d, u, v, x, i)
+
+
 def test_a_remainder_of_reals_is_refused_rather_than_off_by_the_divisor():
     @mp.function
     def program(x: Any) -> Any:
@@ -108,15 +135,21 @@ NUMPY = {
     "cos": np.cos, "sin": np.sin, "erf": scipy.special.erf, "erfc": scipy.special.erfc,
     "exp2": np.exp2, "expm1": np.expm1, "sinh": np.sinh, "cosh": np.cosh,
     "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "cbrt": np.cbrt,
+    "tan": np.tan, "atan": np.arctan, "asin": np.arcsin, "acos": np.arccos,
+    "atan2": lambda x: np.arctan2(x, np.roll(x, 200) + 0.5),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(_IDENTITIES))
 def test_each_identity_a_rule_evaluates_is_the_function_jax_computes(name: str):
     grid = np.linspace(-3.0, 3.0, 601)
-    domain = {"acosh": grid[grid >= 1.0], "atanh": grid[np.abs(grid) < 0.99] / 3.0}
+    domain = {
+        "acosh": grid[grid >= 1.0], "atanh": grid[np.abs(grid) < 0.99] / 3.0,
+        "tan": grid / 3.0, "asin": grid / 3.0, "acos": grid / 3.0, "atan": grid * 40.0,
+    }  # fmt: skip
     x = domain.get(name, grid)
     want = NUMPY[name]
+    args = (x, np.roll(x, 200) + 0.5) if name == "atan2" else (x,)
     with jax.enable_x64(True):
-        got = np.asarray(_IDENTITIES[name](jnp.asarray(x)))
+        got = np.asarray(_IDENTITIES[name](*map(jnp.asarray, args)))
     np.testing.assert_allclose(got, want(x), rtol=1e-9, atol=2e-7, err_msg=name)

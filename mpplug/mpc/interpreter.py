@@ -21,6 +21,7 @@ from mpplug.mpc import ring
 from mpplug.mpc.fixed import Fxp
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.rules import (  # noqa: F401  (importing a family registers its rules)
+    NAMED_FUNCTIONS,
     RULES,
     approximations,
     arithmetic,
@@ -189,6 +190,9 @@ class Interpreter:
     def apply(self, eqn: JaxprEqn, values: list[Value]) -> Any:
         name = eqn.primitive.name
         if name in _INLINED:
+            named = NAMED_FUNCTIONS.get(str(eqn.params.get("name")))
+            if named is not None and any(isinstance(v, Secret) for v in values):
+                return self.eval_as(named, values)
             inner = _inner_jaxpr(eqn)
             return self.eval(inner.jaxpr, inner.consts, values)
         if not any(isinstance(v, Secret) for v in values):

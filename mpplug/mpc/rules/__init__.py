@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 Rule = Callable[["Interpreter", JaxprEqn, list[Any]], Any]
 RULES: dict[str, Rule] = {}
 """JAX primitive name -> its secure rule."""
+NAMED_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+"""jnp functions whose JAX body a secret cannot take (it reads a float's bits), by the name
+of the jit JAX wraps them in -> the same function as plain JAX the rules cover."""
 
 
 def rule(*names: str) -> Callable[[Rule], Rule]:

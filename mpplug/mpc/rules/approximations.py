@@ -6,8 +6,11 @@ Functions written through those by their identities (exp2, expm1, sinh, cosh, as
 atanh, cbrt) cost what their parts cost and keep their parts' input ranges; expm1 near 0 has
 exp's absolute error, not a relative one. sin and cos reduce x to a fraction of a turn (a
 public product and a floor: exact in fixed point) and sum the Taylor series of sin to degree
-17 (nine products); erf and erfc follow Abramowitz and Stegun 7.1.26 (a reciprocal, a
-degree-5 polynomial and exp(-x^2)) on |x| clipped to 5, so exp's error dominates.
+17 (nine products); tan is their quotient. atan takes 1/x beyond |x| = 1, one half-angle step
+t / (1 + sqrt(1 + t^2)) brings it under tan(pi/8), and its odd Taylor series to degree 17
+finishes; asin, acos and atan2 are written through it. erf and erfc follow Abramowitz and
+Stegun 7.1.26 (a reciprocal, a degree-5 polynomial and exp(-x^2)) on |x| clipped to 5, so
+exp's error dominates.
 """
 
 from __future__ import annotations
@@ -64,6 +67,58 @@ def _sine(x: jax.Array, quarter_turns: float = 0.0) -> jax.Array:
     return u * series
 
 
+def _half_angle(x: jax.Array) -> jax.Array:
+    """tan(atan(x) / 2) = x / (1 + sqrt(1 + x^2)): in (-1, 1) for every x."""
+    return x / (1.0 + jnp.sqrt(1.0 + x * x))
+
+
+def _atan_reduced(y: jax.Array) -> jax.Array:
+    """atan(y) for |y| <= tan(pi / 8) = 0.4142: its odd Taylor series to degree 17, whose
+    first omitted term is under 0.4142^19 / 19 = 3e-9."""
+    v = y * y
+    series = jnp.zeros_like(y)
+    for k in range(8, -1, -1):
+        series = series * v + (-1) ** k / (2 * k + 1)
+    return y * series
+
+
+def _atan_unit(t: jax.Array) -> jax.Array:
+    """atan(t) for |t| <= 1: one half-angle step (sqrt of a value in [1, 2], 1/x of one in
+    [2, 2.42]) brings t into the series' range."""
+    return 2.0 * _atan_reduced(_half_angle(t))
+
+
+ATAN_REACH = 150.0
+"""atan takes 1/x for |x| > 1 (the reciprocal's range ends at 150); beyond, x is clipped, so
+the error there is at most 1/150."""
+
+
+def _atan(x: jax.Array) -> jax.Array:
+    """atan(x) = sign(x) pi/2 - atan(1/x) where |x| > 1, else atan(x)."""
+    outside = jnp.abs(x) > 1.0
+    inverse = 1.0 / jnp.clip(jnp.where(outside, x, 1.0), -ATAN_REACH, ATAN_REACH)
+    near = _atan_unit(jnp.where(outside, inverse, x))
+    return jnp.where(outside, jnp.sign(x) * (np.pi / 2) - near, near)
+
+
+def _asin(x: jax.Array) -> jax.Array:
+    """asin(x) = 2 atan(x / (1 + sqrt(1 - x^2))), the ratio in [-1, 1] for |x| <= 1; sqrt
+    of values under 0.1 loses accuracy, so near |x| = 1 the error grows to 1e-3."""
+    return 2.0 * _atan_unit(x / (1.0 + jnp.sqrt(jnp.maximum(1.0 - x * x, 0.0))))
+
+
+def _atan2(y: jax.Array, x: jax.Array) -> jax.Array:
+    """The angle of (x, y): atan of the smaller of |x|, |y| over the larger (in [0, 1]),
+    moved to its octant by three comparisons. Where both are under 0.1 the ratio is taken
+    over 0.1 instead (1/x's range starts there), so the angle there is coarse."""
+    a, b = jnp.abs(x), jnp.abs(y)
+    ratio = jnp.minimum(a, b) / jnp.maximum(jnp.maximum(a, b), 0.1)
+    theta = _atan_unit(ratio)
+    theta = jnp.where(b > a, np.pi / 2 - theta, theta)
+    theta = jnp.where(x < 0, np.pi - theta, theta)
+    return jnp.where(y < 0, -theta, theta)
+
+
 def _erf(x: jax.Array) -> jax.Array:
     """Abramowitz and Stegun 7.1.26 (error 1.5e-7) on |x| clipped to 5, sign put back."""
     a = jnp.clip(jnp.abs(x), 0.0, 5.0)
@@ -74,9 +129,14 @@ def _erf(x: jax.Array) -> jax.Array:
     return jnp.sign(x) * (1.0 - series * jnp.exp(-a * a))
 
 
-_IDENTITIES: dict[str, Callable[[jax.Array], jax.Array]] = {
+_IDENTITIES: dict[str, Callable[..., jax.Array]] = {
     "sin": _sine,
     "cos": lambda x: _sine(x, 1.0),
+    "tan": lambda x: _sine(x) / _sine(x, 1.0),
+    "atan": _atan,
+    "asin": _asin,
+    "acos": lambda x: np.pi / 2 - _asin(x),
+    "atan2": _atan2,
     "erf": _erf,
     "erfc": lambda x: 1.0 - _erf(x),
     "exp2": lambda x: jnp.exp(x * float(np.log(2.0))),
@@ -92,8 +152,8 @@ _IDENTITIES: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 @rule(*_IDENTITIES)
 def _identity(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
-    (x,) = values
-    require_float(self, eqn, x.dtype)
+    for x in values:
+        require_float(self, eqn, x.dtype)
     (out,) = self.eval_as(_IDENTITIES[eqn.primitive.name], values)
     return out
 

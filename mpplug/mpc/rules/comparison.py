@@ -15,7 +15,7 @@ from jax.extend.core import JaxprEqn
 
 from mpplug.mpc import ring
 from mpplug.mpc.protocol import Shares
-from mpplug.mpc.rules import rule
+from mpplug.mpc.rules import NAMED_FUNCTIONS, rule
 from mpplug.mpc.rules.bits import not_bit
 from mpplug.mpc.secret import Secret, Value, broadcast_shares, is_float, out_aval
 
@@ -183,3 +183,18 @@ def _clamp(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         else:
             shares = limit + self.protocol.mul(self.ctx, below, shares - limit)
     return self.out(eqn, shares)
+
+
+NAMED_FUNCTIONS["signbit"] = lambda x: x < 0  # jnp.signbit (and copysign) reads float bits
+
+
+@rule("nextafter")
+def _nextafter(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
+    """The fixed-point neighbour of x toward y: x plus or minus 2^-f, or x where y = x (two
+    comparisons and selections; adding a public step is exact). A float's neighbour is
+    nearer, so the result is within 2^-f of numpy's."""
+    step = 2.0**-self.ctx.frac_bits
+    (out,) = self.eval_as(
+        lambda x, y: jnp.where(y > x, x + step, jnp.where(y < x, x - step, x)), values
+    )
+    return out

@@ -1,5 +1,7 @@
 """Reading a table at secret indices: `gather` (`table[i]`, `jnp.take` along one axis,
-`jnp.take_along_axis`) and `dynamic_slice` with secret start indices.
+`jnp.take_along_axis`) and `dynamic_slice` with secret start indices; writing at secret
+indices: `scatter` and `scatter-add` of whole rows (`x.at[i].set(v)`, `x.at[i].add(v)`) and
+`dynamic_update_slice` with secret starts.
 
 A secret index i into n rows reads sum_r onehot(i)_r * table_r, the one-hot built without
 an equality test per row: the low b = ceil(log2 n) bits of i are decomposed (a carry-save and
@@ -101,6 +103,70 @@ def _dynamic_update_slice(self: Interpreter, eqn: JaxprEqn, values: list[Value])
         placed = _place_along(self, placement, placed, axis)
         mask = _place_along(self, placement, mask, axis)
     x = self.arith(operand, aval.dtype)
+    return self.out(eqn, x + placed - self.protocol.mul(self.ctx, x, mask))
+
+
+@rule("scatter", "scatter-add")
+def _scatter(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """Public indices: linear in the operand and the updates (each share scattered). Secret
+    indices, each writing a whole row along one axis: each index's one-hot over the n rows
+    (its low bits, 2^b products), zeroed when the index lies outside [0, n) as JAX drops it
+    (two comparisons; `mode="clip"` clamps it first); the rows placed = one-hots^T @ updates
+    (one round); `scatter-add` adds them, `scatter` keeps x where no index points:
+    x + placed - x * hit (one product). Duplicate indices add in `scatter-add`; in `scatter`
+    they add too, where JAX keeps one of the updates."""
+    operand, indices, updates = values
+    aval = out_aval(eqn)
+    shape = tuple(aval.shape)
+    dims, mode = eqn.params["dimension_numbers"], eqn.params["mode"]
+    update_shape = updates.shape if isinstance(updates, Secret) else tuple(np.shape(updates))
+    if not isinstance(indices, Secret):
+        scatter = lax.scatter_add if eqn.primitive.name == "scatter-add" else lax.scatter
+        unique = bool(eqn.params["unique_indices"])
+
+        def on_share(x: jnp.ndarray, u: jnp.ndarray) -> jnp.ndarray:
+            return scatter(x, indices, u, dims, unique_indices=unique, mode=mode)
+
+        x, u = self.arith(operand, aval.dtype), self.arith(updates, aval.dtype, update_shape)
+        return self.out(eqn, self.protocol.local(on_share, x, u))
+    batch_rank = len(indices.shape) - 1
+    axis = int(dims.scatter_dims_to_operand_dims[0]) if dims.scatter_dims_to_operand_dims else -1
+    if not (
+        indices.shape[-1] == 1
+        and tuple(dims.inserted_window_dims) == (axis,)
+        and not dims.operand_batching_dims
+        and tuple(dims.update_window_dims) == tuple(range(batch_rank, len(update_shape)))
+        and update_shape[batch_rank:] == shape[:axis] + shape[axis + 1 :]
+    ):
+        raise TraceError(
+            f"{self.where}: {eqn.primitive.name} at secret indices writes whole rows along one "
+            f"axis (x.at[i].set(v), x.at[i].add(v)), not {dims}; {UNSUPPORTED_HINT}"
+        )
+    n = shape[axis]
+    if "CLIP" in str(mode):
+        (indices,) = self.eval_as(lambda v: jnp.clip(v, 0, n - 1), [indices])
+    (inside,) = self.eval_as(lambda v: (v >= 0) & (v < n), [indices])
+    index = self.arith(indices, np.int64)[..., 0]  # (2, *batch)
+    onehot = _one_hot(self, _index_digits(self, index, n), index.shape[1:])[..., :n]
+    inside_rows = self.arith(inside, np.int64)[..., 0]  # (2, *batch): 1 where kept
+    hit = self.protocol.mul(
+        self.ctx, onehot, jnp.broadcast_to(inside_rows[..., None], onehot.shape)
+    )
+    over_batch = tuple(range(batch_rank))
+    rows = self.arith(updates, aval.dtype, update_shape)
+    placed_rows = self.protocol.dot_general(
+        self.ctx, hit, rows, ((over_batch, over_batch), ((), ()))
+    )  # (2, n, *window)
+    placed = jnp.moveaxis(placed_rows, 1, 1 + axis)  # x's layout
+    x = self.arith(operand, aval.dtype)
+    if eqn.primitive.name == "scatter-add":
+        return self.out(eqn, x + placed)
+    batch = tuple(range(1, 1 + batch_rank))
+    rows_hit = jnp.sum(hit, axis=batch, dtype=ring.RING) if batch else hit
+    mask = jnp.broadcast_to(
+        jnp.expand_dims(rows_hit, tuple(d + 1 for d in range(len(shape)) if d != axis)),
+        (2, *shape),
+    )
     return self.out(eqn, x + placed - self.protocol.mul(self.ctx, x, mask))
 
 
