@@ -39,7 +39,7 @@ _PARTY_KEYS = {
 _TLS_KEYS = {"ca", "cert", "key"}
 DATASET_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 """Dataset names: no dots, slashes or spaces, so a name can never be read as a path."""
-_DATASET_KEYS = {"path", "key", "dtype", "table"}
+_DATASET_KEYS = {"path", "key", "dtype", "table", "columns"}
 _OUTPUTS_KEYS = {"path", "overwrite"}
 DATASET_FORMATS = (".npy", ".npz", ".csv")
 TABLE_FORMATS = (".csv", ".parquet")
@@ -106,13 +106,15 @@ class TLSFiles:
 class DatasetSpec:
     """A file a party exposes under `name`: a `.npy`, one `key` of a `.npz`, or a `.csv` of
     numbers parsed as `dtype`; or, with `table`, a `.csv` (header row first) or `.parquet`
-    file read as a table."""
+    file read as a table; a CSV table's `columns` declare kinds Arrow would otherwise guess
+    (an id such as 00123 read as text, not as the number 123)."""
 
     name: str
     path: Path
     key: str | None = None
     dtype: str | None = None
     table: bool = False
+    columns: tuple[tuple[str, str], ...] = ()
 
     @property
     def format(self) -> str:
@@ -448,6 +450,7 @@ def _as_dict(p: PartySpec) -> dict[str, Any]:
             | ({"key": ds.key} if ds.key is not None else {})
             | ({"dtype": ds.dtype} if ds.dtype is not None else {})
             | ({"table": True} if ds.table else {})
+            | ({"columns": dict(ds.columns)} if ds.columns else {})
             for ds in p.data
         }
     if p.outputs is not None:
@@ -530,8 +533,9 @@ def _data(entry: Any, where: str, base: Path) -> tuple[DatasetSpec, ...]:
         table = fields.get("table", False)
         if not isinstance(table, bool):
             raise ConfigError(f"{at}.table: expected true or false, got {table!r}")
+        columns = _declared_columns(fields.get("columns"), f"{at}.columns", table)
         spec = DatasetSpec(
-            name, (base / path).resolve(), fields.get("key"), fields.get("dtype"), table
+            name, (base / path).resolve(), fields.get("key"), fields.get("dtype"), table, columns
         )
         if table:
             _check_table_format(spec, at)
@@ -541,6 +545,25 @@ def _data(entry: Any, where: str, base: Path) -> tuple[DatasetSpec, ...]:
     return tuple(found)
 
 
+def _declared_columns(entry: Any, at: str, table: bool) -> tuple[tuple[str, str], ...]:
+    """A CSV table's `columns:` mapping, column name -> kind."""
+    if entry is None:
+        return ()
+    from mpplug.core.types import COLUMN_KINDS
+
+    if not table or not isinstance(entry, Mapping) or not entry:
+        raise ConfigError(
+            f"{at}: a table dataset may map column names to kinds ({', '.join(COLUMN_KINDS)}), "
+            f"got {entry!r}"
+        )
+    for name, kind in entry.items():
+        if not isinstance(name, str) or kind not in COLUMN_KINDS:
+            raise ConfigError(
+                f"{at}.{name}: expected a kind among {', '.join(COLUMN_KINDS)}, got {kind!r}"
+            )
+    return tuple(entry.items())
+
+
 def _check_table_format(spec: DatasetSpec, at: str) -> None:
     if spec.format not in TABLE_FORMATS:
         raise ConfigError(
@@ -548,6 +571,8 @@ def _check_table_format(spec: DatasetSpec, at: str) -> None:
         )
     if spec.key is not None or spec.dtype is not None:
         raise ConfigError(f"{at}: a table takes its columns from the file: no 'key' or 'dtype'")
+    if spec.columns and spec.format != ".csv":
+        raise ConfigError(f"{at}.columns: a .parquet file records its columns' kinds itself")
 
 
 def _check_format(spec: DatasetSpec, at: str) -> None:

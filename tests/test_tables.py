@@ -291,6 +291,24 @@ def test_a_query_cannot_reach_duckdbs_temporary_folder(tmp_path: Path, monkeypat
     assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["notes.csv"]
 
 
+def test_a_csv_tables_columns_can_be_declared(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("id,x\n00123,1\n0042,2\n")
+    data = ClusterSpec.local(["alice"]).to_dict()
+    entry = {"path": str(tmp_path / "t.csv"), "table": True, "columns": {"id": "str", "x": "f32"}}
+    data["parties"][0]["data"] = {"t": entry}
+    spec = ClusterSpec.from_dict(data)
+    assert ClusterSpec.from_dict(spec.to_dict()) == spec
+    with Simulator(spec) as sim:
+        read = sim.evaluate(mp.function(lambda: mp.read(0, "t")))
+        assert sim.fetch(read, 0).to_pydict() == {"id": ["00123", "0042"], "x": [1.0, 2.0]}
+    entry["columns"] = {"id": "text"}
+    with pytest.raises(ConfigError, match="expected a kind among"):
+        ClusterSpec.from_dict(data)
+    entry["columns"] = {"nope": "str"}
+    with pytest.raises(ConfigError, match=r"declares columns \['nope'\]"):
+        Simulator(ClusterSpec.from_dict(data))
+
+
 def test_a_column_mpplug_cannot_hold_is_named_at_start(tmp_path: Path) -> None:
     (tmp_path / "t.csv").write_text("id,when\n1,2024-01-02\n")
     data = ClusterSpec.local(["alice"]).to_dict()

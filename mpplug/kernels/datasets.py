@@ -202,7 +202,11 @@ def _table_type(spec: DatasetSpec, held: dict[str, Any], where: str) -> TableTyp
     from mpplug.tables import arrow
 
     if spec.format == ".csv":
-        table = pcsv.read_csv(spec.path)
+        declared = {name: arrow.arrow_type(kind) for name, kind in spec.columns}
+        table = pcsv.read_csv(spec.path, convert_options=pcsv.ConvertOptions(column_types=declared))
+        missing = sorted(set(declared) - set(table.column_names))
+        if missing:
+            raise TableError(f"{where}: declares columns {missing} the file does not have")
         ttype = arrow.table_type(table, where)
         held[spec.name] = arrow.conform(table, ttype, where)
         return ttype
