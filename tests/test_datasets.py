@@ -666,7 +666,8 @@ AT = "cluster.parties[0]"
         ),
         (
             {"data": {"f": {"path": "f.npy", "mmap": True}}},
-            f"{AT}.data.f: unknown key(s) ['mmap']; expected ['columns', 'dtype', 'key', 'path', 'table']",
+            f"{AT}.data.f: unknown key(s) ['mmap']; "
+            "expected ['columns', 'dtype', 'key', 'path', 'table']",
         ),
         ({"data": {"f": "f.txt"}}, f"{AT}.data.f.path: expected a .npy, .npz, .csv file"),
         ({"data": {"f": {"key": "k"}}}, f"{AT}.data.f.path: expected a file path, got None"),

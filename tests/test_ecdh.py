@@ -1,5 +1,6 @@
 """ECDH-PSI group arithmetic: X25519 against RFC 7748's vectors, commutative blinding on the
-threaded path, hashing to points, and the errors for bad inputs and low-order points."""
+threaded path, hashing to points, and the errors for bad inputs and low-order points; on
+each backend (Intel's multi-buffer X25519 where it loads, libsodium always)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,20 @@ import numpy as np
 import pytest
 from nacl.bindings import crypto_scalarmult
 
+from mpplug.tables import ecdh
 from mpplug.tables.ecdh import INLINE_POINTS, hash_to_points, multiply, new_scalar
+
+BACKENDS = ["multi-buffer", "libsodium"]
+
+
+@pytest.fixture(autouse=True, params=BACKENDS)
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on each backend; the multi-buffer one is skipped where it does not load."""
+    if request.param == "libsodium":
+        monkeypatch.setattr(ecdh, "multi_buffer", lambda: None)
+    elif ecdh.multi_buffer() is None:
+        pytest.skip("Intel's multi-buffer X25519 does not load here (no ipp-crypto, or no IFMA)")
+    return str(request.param)
 
 
 def u8(hex_string: str) -> np.ndarray:
@@ -59,7 +73,7 @@ def test_rfc7748_diffie_hellman() -> None:
 
 
 def test_blinding_commutes_on_the_threaded_path() -> None:
-    n = 5000
+    n = 5003  # the multi-buffer backend's ragged end too
     assert n >= 2 * INLINE_POINTS
     points = hash_to_points([i.to_bytes(8, "little") for i in range(n)], b"test")
     a, b = new_scalar(), new_scalar()
@@ -145,10 +159,21 @@ def test_bad_threads() -> None:
         multiply(hash_to_points([b"k"], b"d"), new_scalar(), threads=0)
 
 
+def test_the_low_order_list_is_libsodiums() -> None:
+    scalar = new_scalar().tobytes()
+    for words in ecdh.LOW_ORDER:
+        point = words.astype("<u8").tobytes()
+        with pytest.raises(RuntimeError):
+            crypto_scalarmult(scalar, point)
+        top_bit_set = point[:31] + bytes([point[31] | 0x80])
+        with pytest.raises(RuntimeError):
+            crypto_scalarmult(scalar, top_bit_set)
+
+
 @pytest.mark.parametrize(
     "low_order",
-    [bytes(32), (1).to_bytes(32, "little"), (2**255 - 20).to_bytes(32, "little")],
-    ids=["zero", "one", "minus-one"],
+    [*(w.astype("<u8").tobytes() for w in ecdh.LOW_ORDER), (2**255 + 1).to_bytes(32, "little")],
+    ids=["zero", "one", "order-8-a", "order-8-b", "minus-one", "p", "p-plus-one", "top-bit-one"],
 )
 @pytest.mark.parametrize("index", [0, 3001])
 def test_low_order_point(low_order: bytes, index: int) -> None:

@@ -1,7 +1,7 @@
 """Every tutorial runs to completion as a newcomer would run it (`python tutorials/X.py`).
 
-The quickstart must also give the right answer. Tutorial 07's pipeline also runs in this
-process, on the Simulator and on three real party processes started from its cluster file.
+The quickstart must also give the right answer. Tutorial 07's pipeline (which runs on the
+Simulator as a script) also runs on three real party processes started from its cluster file.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from types import ModuleType
 
 import pytest
 
-import mpplug as mp
 from mpplug.config import ClusterSpec
 from mpplug.remote.launch import LocalParties
 
@@ -70,22 +69,18 @@ def _tutorial_module(stem: str) -> ModuleType:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["simulator", "parties"])
-def test_tutorial_07_vertical_pipeline(kind: str, tmp_path: Path):
-    """PSI, SQL and secure training from the tutorial's CSV files: the secure model is within
-    a point of plaintext training on the true join, and Alice and Bob (only) wrote it."""
+def test_tutorial_07_vertical_pipeline_on_real_parties(tmp_path: Path):
+    """PSI, SQL and secure training from the tutorial's CSV files on three party processes:
+    the secure model is within a point of plaintext training on the true join, and Alice and
+    Bob (only) wrote it."""
     pipeline = _tutorial_module("07_vertical_pipeline")
     config = pipeline.write_data(tmp_path)
     spec = ClusterSpec.from_yaml(config)
-    if kind == "simulator":
-        with mp.Simulator(config, timeout=60.0) as sim:
-            model = pipeline.run_pipeline(sim)
-    else:
-        with LocalParties(config, log_dir=tmp_path / "logs", env=PARTY_ENV) as parties:
-            parties.start()
-            parties.wait_ready(timeout=120.0)
-            with driven(parties, 60.0) as driver:
-                model = pipeline.run_pipeline(driver)
+    with LocalParties(config, log_dir=tmp_path / "logs", env=PARTY_ENV) as parties:
+        parties.start()
+        parties.wait_ready(timeout=120.0)
+        with driven(parties, 60.0) as driver:
+            model = pipeline.run_pipeline(driver)
     assert model["w"].shape == (16,) and model["b"].shape == (1,)
     secure, plain = pipeline.judge(spec, model)  # also checks model.csv at Alice and Bob
     assert abs(secure - plain) <= pipeline.TOLERANCE and plain > 0.8

@@ -198,13 +198,17 @@ def psi(*tables: Any, key: str = "id") -> list[TracedValue]:
         scalars.append(scalar)
         points.append(blinded)
         orders.append(order)
-    hub = ranks[0]
+    hub, peers = ranks[0], range(1, len(values))
+    # every blinded set moves before any is blinded again, so the hub's and the peers'
+    # second blindings run at the same time
+    hub_points_at = {j: p2p(hub, ranks[j], points[0]) for j in peers}
+    points_at_hub = {j: p2p(ranks[j], hub, points[j]) for j in peers}
     seen_by_peers, seen_by_hub = [], []
-    for j in range(1, len(values)):
-        at_peer = [p2p(hub, ranks[j], points[0]), scalars[j]]
+    for j in peers:
+        at_peer = [hub_points_at[j], scalars[j]]
         twice = _call(builder, protocol.reblind_pfunction(rows[0]), at_peer, frozenset({ranks[j]}))
         seen_by_peers.append(p2p(ranks[j], hub, twice[0]))
-        at_hub = [p2p(ranks[j], hub, points[j]), scalars[0]]
+        at_hub = [points_at_hub[j], scalars[0]]
         seen_by_hub += _call(builder, protocol.reblind_pfunction(rows[j]), at_hub, frozenset({hub}))
     match = protocol.match_pfunction(rows[0], rows[1:])
     positions = _call(builder, match, [*seen_by_peers, *seen_by_hub], frozenset({hub}))
