@@ -535,8 +535,12 @@ def test_graph_versions_are_checked():
     msg.version = 1  # what an old party reads: COND and WHILE are unknown to version 1
     with pytest.raises(InvalidProgramError, match=r"a WHILE op needs graph version 2, got 1"):
         Graph.from_bytes(msg.SerializeToString())
-    msg.version = 3
-    with pytest.raises(InvalidProgramError, match=r"got 3: .* newer mpplug than this one"):
+    msg.version = 4
+    with pytest.raises(InvalidProgramError, match=r"got 4: .* newer mpplug than this one"):
+        Graph.from_bytes(msg.SerializeToString())
+    msg.version = 3  # the tables' version: this program has none
+    needs_2 = r"version 3 given, but its ops need exactly version 2"
+    with pytest.raises(InvalidProgramError, match=needs_2):
         Graph.from_bytes(msg.SerializeToString())
     straight = mp.compile(mp.function(lambda x: mp.p2p(0, 1, x)), F32_AT_0, world_size=2)
     msg = pb.Graph.FromString(straight.to_bytes())

@@ -551,17 +551,17 @@ def _sealed_run(fn: Callable[..., Any]) -> Any:
 
 
 def _run_with_bad_primitive(x: jnp.ndarray) -> jnp.ndarray:
-    return jnp.arctan(x) + 1.0
+    return lax.digamma(x) + 1.0
 
 
 @pytest.mark.parametrize(
     ("fn", "primitive"),
     [
-        (jnp.tan, "tan"),
-        (lambda x: lax.nextafter(x, x + 1.0), "nextafter"),
-        (_run_with_bad_primitive, "atan"),
+        (lax.lgamma, "lgamma"),
+        (lambda x: lax.igamma(x, x + 1.0), "igamma"),
+        (_run_with_bad_primitive, "digamma"),
     ],
-    ids=["jnp.tan", "nextafter", "user_function"],
+    ids=["lgamma", "igamma", "user_function"],
 )
 def test_a_primitive_without_a_rule_is_a_trace_error_naming_it(fn, primitive):
     a = mp.MPObject(np.zeros(3), 0)

@@ -99,6 +99,6 @@ def test_a_gather_at_secret_points_of_two_axes_is_refused_naming_what_works():
     assert "gather with secret indices is supported for reading whole rows" in message
 
 
-def test_a_scatter_at_a_secret_position_is_refused():
-    message = refused(lambda x, j: x.at[j].set(0.0), X[0], J)
-    assert "no secure rule for the JAX primitive 'scatter'" in message
+def test_a_scatter_at_secret_points_of_two_axes_is_refused_naming_what_works():
+    message = refused(lambda m, i: m.at[i, i].set(0.0), X, np.array([0, 1], np.int32))
+    assert "scatter at secret indices writes whole rows along one axis" in message
