@@ -7,13 +7,13 @@ A kernel offers this by having a `prepare(pfunc, runtime)` attribute that fills 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 
 from mpplug.core import PFunction
+from mpplug.kernels.pools import SharedPool
 from mpplug.kernels.registry import REGISTRY
 from mpplug.kernels.runtime import KernelRuntime
 
@@ -22,17 +22,9 @@ log = logging.getLogger("mpplug")
 PROGRESS_EVERY_S = 1.0
 """At most one progress line a second per program, and none for what takes less."""
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_COMPILES = SharedPool("mpplug-compile")
 _last_line: dict[str, float] = {}
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="mpplug-compile")
-        return _pool
+_progress_lock = threading.Lock()
 
 
 class Preparation:
@@ -51,7 +43,7 @@ class Preparation:
                 continue
             step = getattr(kernel, "prepare", None)
             if step is not None:
-                future = _executor().submit(_quietly, step, pfunc, runtime)
+                future = _COMPILES.get().submit(_quietly, step, pfunc, runtime)
                 future.add_done_callback(self._ended)
                 self.futures.append(future)
 
@@ -77,7 +69,7 @@ class Preparation:
 
 def _progress(label: str, what: str, start: float, final: bool = False) -> None:
     now = time.monotonic()
-    with _pool_lock:
+    with _progress_lock:
         if not final and now - _last_line.get(label, 0.0) < PROGRESS_EVERY_S:
             return
         _last_line[label] = now

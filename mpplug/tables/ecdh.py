@@ -27,37 +27,20 @@ import importlib.metadata
 import itertools
 import os
 import secrets
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from nacl.bindings import crypto_scalarmult
+
+from mpplug.kernels.pools import SharedPool
 
 POINT_BYTES = 32
 """Bytes in a point (an X25519 u-coordinate, little-endian) and in a scalar."""
 INLINE_POINTS = 2048
 """Fewer points than this are multiplied on the calling thread."""
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _forget_pool() -> None:  # a forked child has none of its parent's threads
-    global _pool
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="mpplug-ecdh")
-        return _pool
+_POOL = SharedPool("mpplug-ecdh")
 
 
 def hash_to_points(keys: Sequence[bytes], domain: bytes) -> np.ndarray:
@@ -263,7 +246,7 @@ def multiply(points: np.ndarray, scalar: np.ndarray, *, threads: int | None = No
         products = run(0, n)
     else:
         bounds = [n * c // threads for c in range(threads + 1)]
-        pool = _executor()
+        pool = _POOL.get()
         futures = [pool.submit(run, start, stop) for start, stop in itertools.pairwise(bounds)]
         products = b"".join([f.result() for f in futures])
     return np.frombuffer(products, np.uint8).reshape(n, POINT_BYTES)
