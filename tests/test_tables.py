@@ -145,6 +145,20 @@ def test_psi_of_three_parties_on_text_keys(cluster: mp.Cluster) -> None:
     ]
 
 
+def test_a_one_sided_psi_tells_only_the_hub(cluster: mp.Cluster) -> None:
+    a = cluster.put("alice", pa.table({"id": [1, 2, 3, 4]}))
+    b = cluster.put("bob", pa.table({"id": [4, 3, 9]}))
+    one_sided = mp.function(lambda x, y: mp.psi(x, y, key="id", to=["alice"]))
+    program = cluster.compile(one_sided, a, b)
+    assert len(program.output_types) == 1  # alice's table only
+    assert "table[row:i64; ?] @{1}" not in program.ir()  # no positions go to bob
+    got, nothing = cluster.evaluate(one_sided, a, b)
+    assert nothing is None
+    assert sorted(cluster.fetch(got, "alice").column("id").to_pylist()) == [3, 4]
+    with pytest.raises(TraceError, match=r"the first \(the hub, 0\) among them"):
+        cluster.compile(mp.function(lambda x, y: mp.psi(x, y, to=["bob"])), a, b)
+
+
 def test_tensors_and_tables_convert_at_the_party(cluster: mp.Cluster) -> None:
     table = pa.table({"a": [1.0, 2.0, 3.0], "b": [4, 5, 6], "s": ["p", "q", "r"]})
 

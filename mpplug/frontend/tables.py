@@ -155,10 +155,16 @@ def num_rows(table: Any) -> TracedValue:
     return _call(builder, pfunc, [value], value.parties)[0]
 
 
-def psi(*tables: Any, key: str = "id") -> list[TracedValue]:
+def psi(
+    *tables: Any, key: str = "id", to: Sequence[Party] | None = None
+) -> list[TracedValue | None]:
     """Private set intersection (ECDH over Curve25519) of tables held by two or more
     different parties: one table per input, at its party, holding only the rows whose `key`
-    (a text or integer column) every party has, in one order common to all."""
+    (a text or integer column) every party has, in one order common to all.
+
+    `to` names the parties that learn the result (default: all). The first table's party,
+    the protocol's hub, always does; a party left out gets None in its place and is sent
+    nothing after the blinded points, so it learns no more than the other set's size."""
     builder = current_builder("psi")
     where = f"mp.psi(..., key={key!r})"
     if len(tables) < 2:
@@ -167,6 +173,12 @@ def psi(*tables: Any, key: str = "id") -> list[TracedValue]:
     ranks = [_holder(v, f"{where} table {i}") for i, v in enumerate(values)]
     if len(set(ranks)) != len(ranks):
         raise TraceError(f"{where}: each table must be at a different party, got {ranks}")
+    learners = frozenset(ranks) if to is None else builder.resolve_parties(list(to), where)
+    if ranks[0] not in learners or not learners <= set(ranks):
+        raise TraceError(
+            f"{where}: to= names parties holding the tables, the first (the hub, {ranks[0]}) "
+            f"among them; got {format_parties(learners)}"
+        )
     from mpplug.tables import psi as protocol
 
     types: list[TableType] = []
@@ -212,8 +224,11 @@ def psi(*tables: Any, key: str = "id") -> list[TracedValue]:
         seen_by_hub += _call(builder, protocol.reblind_pfunction(rows[j]), at_hub, frozenset({hub}))
     match = protocol.match_pfunction(rows[0], rows[1:])
     positions = _call(builder, match, [*seen_by_peers, *seen_by_hub], frozenset({hub}))
-    outputs = []
+    outputs: list[TracedValue | None] = []
     for j, (v, ttype, rank) in enumerate(zip(values, types, ranks, strict=True)):
+        if rank not in learners:
+            outputs.append(None)
+            continue
         at = positions[0] if j == 0 else p2p(hub, rank, positions[j])
         select = protocol.select_pfunction(ttype)
         outputs.append(_call(builder, select, [v, orders[j], at], frozenset({rank}))[0])
