@@ -39,7 +39,7 @@ from mpplug.frontend.primitives import (
     shuffle_static,
     write,
 )
-from mpplug.frontend.tables import from_tensor, num_rows, psi, sql, to_tensor
+from mpplug.frontend.tables import from_tensor, num_rows, psi, sql, to_tensor, with_rows
 from mpplug.frontend.tracer import MPFunction, Program, compile, function
 from mpplug.kernels import KernelRuntime, invoke, kernel
 from mpplug.runtime.cluster import Cluster, ClusterValue, current_cluster
@@ -134,5 +134,6 @@ __all__ = [
     "sql",
     "to_tensor",
     "while_loop",
+    "with_rows",
     "write",
 ]

@@ -177,6 +177,33 @@ def test_tensors_and_tables_convert_at_the_party(cluster: mp.Cluster) -> None:
     }
 
 
+def test_a_table_from_sql_intersects_once_its_count_is_revealed(cluster: mp.Cluster) -> None:
+    a = cluster.put("alice", pa.table({"id": [1, 1, 2, 3, 3, 4]}))  # duplicates: PSI refuses
+    b = cluster.put("bob", pa.table({"id": [4, 2, 8]}))
+
+    @mp.function
+    def dedupe(t: Any) -> Any:
+        distinct = mp.sql("alice", "SELECT DISTINCT id FROM t", t=t)
+        return distinct, mp.num_rows(distinct)
+
+    distinct, count = cluster.evaluate(dedupe, a)
+    n = int(cluster.fetch(count, "alice"))
+
+    @mp.function
+    def intersect(t: Any, u: Any) -> Any:
+        return mp.psi(mp.with_rows(t, n), u, key="id")
+
+    ia, ib = cluster.evaluate(intersect, distinct, b)
+    assert (
+        cluster.fetch(ia, "alice").column("id").to_pylist()
+        == cluster.fetch(ib, "bob").column("id").to_pylist()
+    )
+    assert sorted(cluster.fetch(ib, "bob").column("id").to_pylist()) == [2, 4]
+    wrong = mp.function(lambda t: mp.to_tensor(mp.with_rows(t, n + 1), "id"))
+    with pytest.raises(PartyError, match=r"has 4 rows here, the program declared 5"):
+        cluster.evaluate(wrong, distinct)
+
+
 def test_a_declared_row_count_is_checked_at_the_party(cluster: mp.Cluster) -> None:
     @mp.function
     def wrong_rows(t: Any) -> Any:

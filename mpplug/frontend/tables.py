@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+import numpy as np
+
 from mpplug.core import DType, TableType, TensorType
 from mpplug.core.parties import format_parties
 from mpplug.errors import TableError, TraceError
@@ -155,6 +157,24 @@ def num_rows(table: Any) -> TracedValue:
     return _call(builder, pfunc, [value], value.parties)[0]
 
 
+def with_rows(table: Any, rows: int) -> TracedValue:
+    """The table, typed with `rows` rows: a count revealed earlier (by fetching
+    `mp.num_rows`), declared so that what needs a known count (`mp.psi`, `mp.to_tensor`)
+    takes the table. The party checks it."""
+    builder = current_builder("with_rows")
+    where = f"mp.with_rows(table, {rows!r})"
+    value = _table(builder, table, where)
+    ttype = cast(TableType, value.type)
+    if isinstance(rows, bool) or not isinstance(rows, int | np.integer) or rows < 0:
+        raise TraceError(f"{where}: expected a non-negative row count")
+    if ttype.rows is not None and ttype.rows != rows:
+        raise TraceError(f"{where}: the program knows the table has {ttype.rows} rows")
+    from mpplug.tables import kernels
+
+    pfunc = kernels.with_rows_pfunction(ttype, int(rows))
+    return _call(builder, pfunc, [value], value.parties)[0]
+
+
 def psi(
     *tables: Any, key: str = "id", to: Sequence[Party] | None = None
 ) -> list[TracedValue | None]:
@@ -194,8 +214,8 @@ def psi(
             raise TraceError(f"{where} table {i}: key {key!r} is {kind}; expected text or integers")
         if ttype.rows is None:
             raise TraceError(
-                f"{where} table {i}: the program does not know its row count ({ttype}); run "
-                f"mp.psi on tables read or put (before mp.sql)"
+                f"{where} table {i}: the program does not know its row count ({ttype}); "
+                f"reveal it (mp.num_rows) and declare it with mp.with_rows"
             )
         families.add(protocol.KEY_KINDS[kind])
         types.append(ttype)

@@ -22,6 +22,7 @@ SQL = "table.sql"
 TO_TENSOR = "table.to_tensor"
 FROM_TENSOR = "table.from_tensor"
 NUM_ROWS = "table.num_rows"
+WITH_ROWS = "table.with_rows"
 
 ROWS_TYPE = TensorType(DType.INT64, ())
 
@@ -45,6 +46,11 @@ def from_tensor_pfunction(x: TensorType, out: TableType) -> PFunction:
 
 def num_rows_pfunction(table: TableType) -> PFunction:
     return PFunction(NUM_ROWS, "num_rows", b"", (table,), (ROWS_TYPE,))
+
+
+def with_rows_pfunction(table: TableType, rows: int) -> PFunction:
+    """table -> the same table, typed with `rows` rows (checked at the party)."""
+    return PFunction(WITH_ROWS, "with_rows", b"", (table,), (table.with_rows(rows),))
 
 
 def _output(pfunc: PFunction, kind: type) -> Any:
@@ -115,3 +121,13 @@ def run_num_rows(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) 
     if pfunc.outs_info != (ROWS_TYPE,):
         raise InvalidPFunctionError(f"{NUM_ROWS}: expected the output {ROWS_TYPE}")
     return [np.asarray(args[0].num_rows, dtype=np.int64)]
+
+
+def run_with_rows(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
+    out = _output(pfunc, TableType)
+    if out.rows is None or args[0].num_rows != out.rows:
+        raise TableError(
+            f"party {runtime.rank}, mp.with_rows: the table has {args[0].num_rows} rows here, "
+            f"the program declared {out.rows}"
+        )
+    return [args[0]]
