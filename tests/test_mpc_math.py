@@ -5,7 +5,7 @@ uint16 (wrapping as JAX wraps, including int32's minimum), `//`, `%`, lax.div an
 constants of either sign, conversions to narrower or differently signed integers and to
 bool, split and XOR-reduce; floor, ceil, trunc, round to even and away from zero at exact
 ties; prod, cumprod, cummax, cummin; sin, erf, gelu and sinh (at their documented errors);
-division by secret integers, scatter at secret rows, signbit and nextafter.
+division and shifts by secret integers, scatter at secret rows, signbit and nextafter.
 Every function written through exp, log, sqrt and 1/x by an identity (`_IDENTITIES`) is
 checked against JAX in plaintext: the identity is what its rule adds to those parts, whose
 errors `test_mpc_rules` measures."""
@@ -100,7 +100,9 @@ def secret_divisors_and_positions(a: Any, d: Any, u: Any, v: Any, x: Any, i: Any
     rows = x.reshape(4, 3)
     return {
         "div": lax.div(a, d), "rem": lax.rem(a, d), "floor_divide": a // d, "modulo": a % d,
-        "unsigned_div": u // v, "unsigned_rem": u % v,
+        "unsigned_div": u // v, "unsigned_rem": u % v, "shift_left_secret": a << jnp.abs(d),
+        "shift_right_secret": a >> jnp.abs(d),
+        "shift_logical_secret": lax.shift_right_logical(a, d),
         "set": rows.at[i[0]].set(x[:3]), "add_duplicates": rows.at[i].add(rows[:3]),
         "set_dropped": x.at[i[2]].set(9.0), "set_clipped": x.at[i[2]].set(9.0, mode="clip"),
         "public_add": rows.at[jnp.array([0, 0])].add(rows[:2]), "public_set": x.at[3].set(x[0]),
@@ -111,7 +113,8 @@ def secret_divisors_and_positions(a: Any, d: Any, u: Any, v: Any, x: Any, i: Any
 
 @pytest.mark.slow
 def test_division_by_secret_integers_and_writes_at_secret_positions_are_exact():
-    """Long division by secret divisors of both signs (int32 extremes, uint16); scatter and
+    """Long division by secret divisors of both signs (int32 extremes, uint16); shifts by
+    secret amounts, negative ones (outside the width) included; scatter and
     scatter-add at secret rows, a duplicate adding twice, -1 wrapping to the last row, an
     index past the end dropped (or clipped); signbit and nextafter in fixed point."""
     a = np.array([17, -17, 17, -17, 0, 2**31 - 1, -(2**31) + 1, 100], np.int32)

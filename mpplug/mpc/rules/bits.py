@@ -11,6 +11,13 @@ and converts back by turning each bit arithmetic (3 rounds, 2 products per bit) 
 it, the top bit by -2^(w-1) for signed types: the dtype's own two's complement, wrapped as JAX
 wraps. `not` is -1 - x, `shift_left` a product by 2^k (both local); `shift_right_logical` and
 `shift_right_arithmetic` by public amounts and `population_count` reweigh the bits.
+
+Shifts by a secret amount (or public amounts that differ per element): the amount's one-hot
+over [0, w) (its log2(w) low bits, one product per entry), zeroed outside [0, w) (two
+comparisons). A left shift multiplies x by sum_k onehot_k 2^k (one product); a right shift
+takes, for each result bit j, sum_k onehot_k bit_{j+k} (one dot product per bit: x's bits
+decomposed and made arithmetic, past the top the sign bit (arithmetic) or 0 (logical)). An
+amount outside [0, w) gives 0, or the sign fill for an arithmetic right shift, as XLA does.
 """
 
 from __future__ import annotations
@@ -73,6 +80,30 @@ def bit_digits(self: Interpreter, bits: Shares, width: int) -> Shares:
     one batched bit-to-arithmetic conversion (3 rounds)."""
     planes = jnp.stack([(bits >> np.uint64(j)) & np.uint64(1) for j in range(width)], axis=1)
     return self.protocol.b2a(self.ctx, planes)
+
+
+def index_digits(self: Interpreter, index: Shares, n: int) -> list[Shares]:
+    """The binary digits, lowest first, of a secret index into n positions (its
+    ceil(log2 n) low bits decomposed, then made arithmetic)."""
+    width = max(1, (n - 1).bit_length())
+    digits = bit_digits(self, self.protocol.low_bits(self.ctx, index, width), width)
+    return [digits[:, j] for j in range(width)]
+
+
+def one_hot(self: Interpreter, digits: list[Shares], shape: tuple[int, ...]) -> Shares:
+    """Arithmetic one-hot (2, *shape, 2^len(digits)) of the number whose binary digits, lowest
+    first, are the arithmetic 0/1 shares `digits`: one product per entry, a round per digit
+    after the first."""
+    onehot = self.protocol.lift(self.ctx, jnp.ones((*shape, 1), ring.RING))
+    if not digits:
+        return onehot
+    first = digits[0]
+    onehot = jnp.concatenate([onehot - first[..., None], first[..., None]], axis=-1)
+    for digit in digits[1:]:
+        spread = jnp.broadcast_to(digit[..., None], onehot.shape)
+        upper = self.protocol.mul(self.ctx, onehot, spread)
+        onehot = jnp.concatenate([onehot - upper, upper], axis=-1)
+    return onehot
 
 
 def value_weights(dtype: Any) -> list[int]:
@@ -181,17 +212,14 @@ def _shift(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, amount = values
     aval = out_aval(eqn)
     name = eqn.primitive.name
-    if isinstance(amount, Secret | jax.core.Tracer):
+    if isinstance(amount, jax.core.Tracer):
         raise TraceError(
-            f"{self.where}: {name} by a secret or traced amount is not supported (only by "
-            f"constants); {UNSUPPORTED_HINT}"
+            f"{self.where}: {name} by a traced amount (a loop's counter, say) is not "
+            f"supported; {UNSUPPORTED_HINT}"
         )
+    if isinstance(amount, Secret) or np.unique(np.asarray(amount)).size > 1:
+        return self.out(eqn, _variable_shift(self, name, x, amount, aval))
     shifts = np.broadcast_to(np.asarray(amount, np.int64), aval.shape)
-    if np.unique(shifts).size != 1:
-        raise TraceError(
-            f"{self.where}: {name} by amounts that differ per element is not supported; "
-            f"{UNSUPPORTED_HINT}"
-        )
     k = int(shifts.reshape(-1)[0]) if shifts.size else 0
     width = width_of(aval.dtype)
     shares = self.arith(x, aval.dtype, aval.shape)
@@ -208,6 +236,41 @@ def _shift(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     shifted = [0] * k + [w >> k if w > 0 else -((-w) >> k) for w in weights[k:]]
     bits = self.protocol.low_bits(self.ctx, shares, width)
     return self.out(eqn, from_bits(self, bits, aval.dtype, shifted))
+
+
+def _variable_shift(self: Interpreter, name: str, x: Value, amount: Value, aval: Any) -> Shares:
+    """x shifted by per-element (secret or public) amounts; see the module docstring."""
+    width = width_of(aval.dtype)
+    shape = tuple(aval.shape)
+    (inside,) = self.eval_as(lambda v: (v >= 0) & (v < width), [amount])
+    steps = self.arith(amount, np.int64, shape)
+    onehot = one_hot(self, index_digits(self, steps, width), shape)  # (2, *shape, width)
+    kept = self.arith(inside, np.int64, shape)
+    onehot = self.protocol.mul(self.ctx, onehot, jnp.broadcast_to(kept[..., None], onehot.shape))
+    shares = self.arith(x, aval.dtype, shape)
+    if name == "shift_left":
+        powers = np.asarray([1 << k for k in range(width)], np.uint64)
+        factor = jnp.sum(onehot * powers, axis=-1, dtype=ring.RING)
+        return self.protocol.mul(self.ctx, shares, factor)
+    digits = jnp.moveaxis(
+        bit_digits(self, self.protocol.low_bits(self.ctx, shares, width), width), 1, -1
+    )
+    arithmetic = name == "shift_right_arithmetic"
+    top = digits[..., width - 1 : width] if arithmetic else jnp.zeros_like(digits[..., :1])
+    extended = jnp.concatenate([digits, jnp.repeat(top, width, axis=-1)], axis=-1)
+    window = np.arange(width)[:, None] + np.arange(width)[None, :]  # [j, k] -> bit j + k
+    moved = extended[..., window]  # (2, *shape, width j, width k)
+    batch = tuple(range(len(shape)))
+    result_bits = self.protocol.dot_general(
+        self.ctx, moved, onehot, (((len(shape) + 1,), (len(shape),)), (batch, batch))
+    )  # (2, *shape, width): bit j of the shifted value
+    scale = np.asarray([w & 0xFFFFFFFFFFFFFFFF for w in value_weights(aval.dtype)], np.uint64)
+    value = jnp.sum(result_bits * scale, axis=-1, dtype=ring.RING)
+    if not arithmetic:
+        return value
+    # outside [0, w): the sign fill, -1 for a negative x
+    outside = self.protocol.lift(self.ctx, jnp.ones(shape, ring.RING)) - kept
+    return value - self.protocol.mul(self.ctx, outside, digits[..., width - 1])
 
 
 @rule("population_count")

@@ -30,7 +30,7 @@ from mpplug.errors import TraceError
 from mpplug.mpc import ring
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
-from mpplug.mpc.rules.bits import bit_digits
+from mpplug.mpc.rules.bits import index_digits, one_hot
 from mpplug.mpc.secret import UNSUPPORTED_HINT, Secret, Value, out_aval
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _scatter(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         (indices,) = self.eval_as(lambda v: jnp.clip(v, 0, n - 1), [indices])
     (inside,) = self.eval_as(lambda v: (v >= 0) & (v < n), [indices])
     index = self.arith(indices, np.int64)[..., 0]  # (2, *batch)
-    onehot = _one_hot(self, _index_digits(self, index, n), index.shape[1:])[..., :n]
+    onehot = one_hot(self, index_digits(self, index, n), index.shape[1:])[..., :n]
     inside_rows = self.arith(inside, np.int64)[..., 0]  # (2, *batch): 1 where kept
     hit = self.protocol.mul(
         self.ctx, onehot, jnp.broadcast_to(inside_rows[..., None], onehot.shape)
@@ -179,7 +179,7 @@ def _placement(self: Interpreter, start: Value, n: int, m: int) -> Value:
         return ((rows - cols) == first).astype(ring.RING)
     (first,) = self.eval_as(lambda v: jnp.clip(v, 0, n - m), [start])
     index = self.arith(first, np.int64)
-    onehot = _one_hot(self, _index_digits(self, index, n - m + 1), ())[..., : n - m + 1]
+    onehot = one_hot(self, index_digits(self, index, n - m + 1), ())[..., : n - m + 1]
     columns = [
         jnp.pad(onehot, [(0, 0), (r, m - 1 - r)]) for r in range(m)
     ]  # column r: the one-hot moved down by r
@@ -200,12 +200,12 @@ def read_rows(self: Interpreter, table: Value, axis: int, index: Shares, dtype: 
     """Shares of table's rows (along `axis`) at each secret index: (*index shape, *table
     without `axis`)."""
     n = int(np.shape(table)[axis]) if not isinstance(table, Secret) else table.shape[axis]
-    digits = _index_digits(self, index, n)
+    digits = index_digits(self, index, n)
     width = len(digits)
     low_width = width // 2
     shape = index.shape[1:]
-    low = _one_hot(self, digits[:low_width], shape)
-    high = _one_hot(self, digits[low_width:], shape)
+    low = one_hot(self, digits[:low_width], shape)
+    high = one_hot(self, digits[low_width:], shape)
     grid_shape = (1 << (width - low_width), 1 << low_width)
     if isinstance(table, Secret):
         cells = self.protocol.local(lambda s: _grid(s, axis, n, grid_shape), table.shares)
@@ -247,7 +247,7 @@ def _along_axis(
     n = shape[axis]
     index = self.arith(indices, np.int64)[..., 0]  # (2, *index axes)
     rank = index.ndim - 1
-    onehot = _one_hot(self, _index_digits(self, index, n), index.shape[1:])[..., :n]
+    onehot = one_hot(self, index_digits(self, index, n), index.shape[1:])[..., :n]
     order = [batched[batched_at.index(t)] for t in range(rank) if t in batched_at] + [axis]
     aligned = [shape[batched[batched_at.index(t)]] if t in batched_at else 1 for t in range(rank)]
 
@@ -262,30 +262,6 @@ def _along_axis(
         public = align(self.encode(operand, out_aval(eqn).dtype))
         picked = self.protocol.local(lambda s: s * public, onehot)
     return jnp.sum(picked, axis=-1, dtype=ring.RING)
-
-
-def _index_digits(self: Interpreter, index: Shares, n: int) -> list[Shares]:
-    """The binary digits, lowest first, of a secret index into n positions (its
-    ceil(log2 n) low bits decomposed, then made arithmetic)."""
-    width = max(1, (n - 1).bit_length())
-    digits = bit_digits(self, self.protocol.low_bits(self.ctx, index, width), width)
-    return [digits[:, j] for j in range(width)]
-
-
-def _one_hot(self: Interpreter, digits: list[Shares], shape: tuple[int, ...]) -> Shares:
-    """Arithmetic one-hot (2, *shape, 2^len(digits)) of the number whose binary digits, lowest
-    first, are the arithmetic 0/1 shares `digits`: one product per entry, a round per digit
-    after the first."""
-    onehot = self.protocol.lift(self.ctx, jnp.ones((*shape, 1), ring.RING))
-    if not digits:
-        return onehot
-    first = digits[0]
-    onehot = jnp.concatenate([onehot - first[..., None], first[..., None]], axis=-1)
-    for digit in digits[1:]:
-        spread = jnp.broadcast_to(digit[..., None], onehot.shape)
-        upper = self.protocol.mul(self.ctx, onehot, spread)
-        onehot = jnp.concatenate([onehot - upper, upper], axis=-1)
-    return onehot
 
 
 def _grid(table: jnp.ndarray, axis: int, n: int, grid: tuple[int, int]) -> jnp.ndarray:
