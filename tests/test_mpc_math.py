@@ -125,6 +125,18 @@ def test_division_by_secret_integers_and_writes_at_secret_positions_are_exact():
     check(secret_divisors_and_positions, a, d, u, v, x, i)
 
 
+def sealed_bools(a: Any, b: Any) -> dict[str, Any]:
+    return {
+        "not": jnp.logical_not(a), "invert": ~a, "and": a & b, "or": jnp.logical_or(a, b),
+        "xor": a ^ b, "any": jnp.any(a), "all": jnp.all(b), "where": jnp.where(a, 1.5, -2.0),
+    }  # fmt: skip
+
+
+def test_sealed_bools_take_logic():
+    """A sealed bool is held as arithmetic 0/1 shares; logic takes its lowest bit."""
+    check(sealed_bools, np.array([True, False, True, False]), np.array([True, True, False, False]))
+
+
 def test_a_remainder_of_reals_is_refused_rather_than_off_by_the_divisor():
     @mp.function
     def program(x: Any) -> Any:

@@ -144,13 +144,14 @@ class Interpreter:
         return cast(T, hit[1])
 
     def boolean(self, value: Value) -> Shares:
-        """XOR shares of bit 0 of a boolean secret or public value."""
+        """XOR shares of bit 0 of a boolean secret or public value; a bool held as
+        arithmetic 0/1 shares (sealed, or summed) gives its lowest bit (`low_bits`, once)."""
         if isinstance(value, Secret):
             if value.boolean:
                 return value.shares
-            raise TraceError(
-                f"{self.where}: bitwise logic on an arithmetic secret bool is not supported; "
-                f"{UNSUPPORTED_HINT}"
+            shares = value.shares
+            return self.remember(
+                ("a2b", shares), lambda: self.protocol.low_bits(self.ctx, shares, 1)
             )
         return self.protocol.lift(self.ctx, ring.to_ring(jnp.asarray(value)))
 
