@@ -32,7 +32,9 @@ U = rng.integers(0, 2**16, size=6, dtype=np.int64).astype(np.uint16)
 X = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -3.2, 3.7, 0.0, -1e-4, 7.0, -100.51], np.float32)
 P = np.array([[1.5, -2.0, 0.5], [3.0, 0.25, -1.0]], np.float32)
 EXACT = ("floor", "ceil", "trunc", "round_even", "round_away", "prod", "cumprod", "cummax")
-APPROXIMATE = {"sin": 1e-4, "erf": 2e-3, "gelu": 3e-3, "sinh": 3e-3, "nextafter": 4e-6}
+APPROXIMATE = {
+    "sin": 1e-4, "erf": 2e-3, "gelu": 3e-3, "sinh": 3e-3, "nextafter": 4e-6, "interp": 1e-4,
+}  # fmt: skip
 
 
 def integers(a: Any, b: Any, u: Any) -> dict[str, Any]:
@@ -135,6 +137,22 @@ def sealed_bools(a: Any, b: Any) -> dict[str, Any]:
 def test_sealed_bools_take_logic():
     """A sealed bool is held as arithmetic 0/1 shares; logic takes its lowest bit."""
     check(sealed_bools, np.array([True, False, True, False]), np.array([True, True, False, False]))
+
+
+def sorted_searches(a: Any, x: Any, s: Any) -> dict[str, Any]:
+    return {
+        "sort_bool": jnp.sort(a), "argsort_bool": jnp.argsort(a),
+        "searchsorted": jnp.searchsorted(s, x), "interp": jnp.interp(x, s, s * 2.0),
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bools_sort_and_secret_values_are_searched_in_secret_sorted_ones():
+    """Bools sort as 0 and 1; searchsorted's binary search (lax's total-order comparisons and
+    a gather that keeps the row's axis) and interp run at secret positions."""
+    a = np.array([True, False, True, False, False])
+    x = np.array([3.0, -1.0, 2.5, 0.5, 7.0], np.float32)  # interp at knots: exact in fixed point
+    check(sorted_searches, a, x, np.array([-2.0, 0.0, 1.0, 4.0], np.float32))
 
 
 def test_a_remainder_of_reals_is_refused_rather_than_off_by_the_divisor():

@@ -57,15 +57,18 @@ def below_arith(self: Interpreter, a: Shares, b: Shares, dtype: Any) -> Shares:
     return self.protocol.b2a(self.ctx, below(self, a, b, dtype))
 
 
-@rule("lt", "gt", "le", "ge")
+@rule("lt", "gt", "le", "ge", "lt_to", "le_to")
 def _order(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
+    """a < b and its kin; `lt_to` and `le_to` (a total order, for floats' NaNs: fixed point
+    has none) are `lt` and `le`."""
     x, y = values
     shape = out_aval(eqn).shape
-    if eqn.primitive.name in ("gt", "le"):
+    name = eqn.primitive.name.removesuffix("_to")
+    if name in ("gt", "le"):
         x, y = y, x
     dtype = x.dtype if isinstance(x, Secret) else y.dtype
     bit = remembered_below(self, x, y, dtype, shape)
-    if eqn.primitive.name in ("le", "ge"):
+    if name in ("le", "ge"):
         bit = not_bit(self, bit)
     return self.out(eqn, bit, boolean=True)
 

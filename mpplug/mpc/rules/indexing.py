@@ -48,8 +48,13 @@ def _gather(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         return self.out(eqn, _along_axis(self, eqn, operand, indices, dims, params["slice_sizes"]))
     axis = _single_axis(self, eqn, operand, dims, params["slice_sizes"])
     aval = out_aval(eqn)
+    shape = np.shape(operand) if not isinstance(operand, Secret) else operand.shape
+    if "CLIP" in str(params["mode"]):
+        (indices,) = self.eval_as(lambda v: jnp.clip(v, 0, shape[axis] - 1), [indices])
     rows = read_rows(self, operand, axis, self.arith(indices, np.int64)[..., 0], aval.dtype)
     batch_rank = len(indices.shape) - 1
+    if axis not in dims.collapsed_slice_dims:  # the row's axis kept, of size 1
+        rows = jnp.expand_dims(rows, 1 + batch_rank + axis)
     rest = list(range(batch_rank, rows.ndim - 1))
     batch = list(range(batch_rank))
     order = [rest.pop(0) if p in dims.offset_dims else batch.pop(0) for p in range(rows.ndim - 1)]
@@ -278,7 +283,7 @@ def _single_axis(
     shape = np.shape(operand) if not isinstance(operand, Secret) else operand.shape
     if (
         len(dims.start_index_map) == 1
-        and tuple(dims.collapsed_slice_dims) == tuple(dims.start_index_map)
+        and tuple(dims.collapsed_slice_dims) in ((), tuple(dims.start_index_map))
         and not getattr(dims, "operand_batching_dims", ())
         and all(
             size == (1 if d == dims.start_index_map[0] else shape[d])

@@ -163,7 +163,9 @@ def _bitonic(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[j
     """`lax.sort(operands, dimension, num_keys)` as a bitonic network in plain JAX."""
 
     def network(*operands: jax.Array) -> tuple[jax.Array, ...]:
+        flags = [o.dtype == jnp.bool_ for o in operands]  # bools sort as 0 and 1
         ops = [jnp.moveaxis(o, dimension, -1) for o in operands]
+        ops = [o.astype(jnp.int32) if flag else o for o, flag in zip(ops, flags, strict=True)]
         n = ops[0].shape[-1]
         if n < 2:
             return tuple(operands)
@@ -200,6 +202,7 @@ def _bitonic(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[j
         ops = list(lax.fori_loop(0, len(_layers(m)), layer, tuple(ops)))
         if count > num_keys:
             del ops[num_keys]
+        ops = [o.astype(jnp.bool_) if flag else o for o, flag in zip(ops, flags, strict=True)]
         return tuple(jnp.moveaxis(o[..., :n], -1, dimension) for o in ops)
 
     return network
