@@ -155,13 +155,17 @@ def test_bools_sort_and_secret_values_are_searched_in_secret_sorted_ones():
     check(sorted_searches, a, x, np.array([-2.0, 0.0, 1.0, 4.0], np.float32))
 
 
-def test_a_remainder_of_reals_is_refused_rather_than_off_by_the_divisor():
-    @mp.function
-    def program(x: Any) -> Any:
-        return mp.mpc.reveal(mp.mpc.run(lambda v: jnp.fmod(v, 1.5), mp.mpc.seal(x)), to=0)
+def remainders_of_reals(x: Any, y: Any) -> dict[str, Any]:
+    return {"fmod": jnp.fmod(x, y), "mod": x % y, "floor_divide": x // y, "mod_public": x % 2.5}
 
-    with mp.Simulator(3) as sim, pytest.raises(mp.TraceError, match="rem of secret reals"):
-        sim.compile(program, sim.put(0, X))
+
+@pytest.mark.slow
+def test_remainders_of_reals_are_exact_on_their_fixed_point_encodings():
+    """fmod of the encodings is the encoding of fmod: exact where x and y are (dyadic), both
+    signs, an exact multiple giving 0 rather than y."""
+    x = np.array([5.5, -5.5, 6.0, -7.25, 100.75, 3.0, -0.5], np.float32)
+    y = np.array([1.5, 1.5, -1.5, 2.0, -7.0, 3.0, 4.0], np.float32)
+    check(remainders_of_reals, x, y)
 
 
 NUMPY = {

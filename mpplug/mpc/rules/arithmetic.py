@@ -240,21 +240,24 @@ def _reduce_prod(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secre
 
 @rule("rem")
 def _rem(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
-    """x - y * trunc(x / y), the sign of x (C's fmod, as lax.rem), for integers by
-    `divide_integers`."""
+    """x - y * trunc(x / y), the sign of x (C's fmod, as lax.rem): integers by a constant by
+    `divide_integers`, by a secret by long division; reals by long division of their
+    fixed-point encodings (exact on them: fmod of the encodings is the encoding of fmod)."""
     x, y = values
     aval = out_aval(eqn)
-    if is_float(aval.dtype):
-        raise TraceError(
-            f"{self.where}: rem of secret reals (jnp.fmod, %) is not supported: a quotient "
-            f"near a whole number would round to the wrong side and be off by the divisor; "
-            f"{UNSUPPORTED_HINT}"
-        )
+    if is_float(aval.dtype):  # the encodings' integer remainder is the remainder's encoding
+        shape = tuple(aval.shape)
+        both = jnp.stack([self.arith(x, aval.dtype, shape), self.arith(y, aval.dtype, shape)], 1)
+        return self.out(eqn, long_divide(self, both, REAL_BITS, True)[1])
     if isinstance(y, Secret):
         return self.out(eqn, divide_by_secret(self, eqn, x, y)[1])
     divisor = _public_divisor(self, eqn, y)
     _, remainder = divide_integers(self, self.arith(x, aval.dtype, aval.shape), divisor, aval)
     return self.out(eqn, remainder)
+
+
+REAL_BITS = 62
+"""The magnitude bits of a fixed-point encoding (sealed reals lie within 2^(62 - f))."""
 
 
 def _long_division(digits: jax.Array, divisor: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -286,7 +289,15 @@ def divide_by_secret(
         )
     shape = tuple(aval.shape)
     both = jnp.stack([self.arith(x, aval.dtype, shape), self.arith(y, aval.dtype, shape)], 1)
-    if jnp.issubdtype(aval.dtype, jnp.signedinteger):
+    signed = bool(jnp.issubdtype(aval.dtype, jnp.signedinteger))
+    return long_divide(self, both, width, signed)
+
+
+def long_divide(self: Interpreter, both: Shares, width: int, signed: bool) -> tuple[Shares, Shares]:
+    """(quotient toward zero, remainder with the dividend's sign) of the integers `both[:, 0]`
+    by `both[:, 1]`, whose magnitudes hold in `width` bits."""
+    shape = both.shape[2:]
+    if signed:
         negative = self.protocol.b2a(self.ctx, self.protocol.msb(self.ctx, both))
         both = both - (self.protocol.mul(self.ctx, negative, both) << np.uint64(1))
     else:
@@ -313,8 +324,8 @@ def divide_by_secret(
         ],
         axis=1,
     )
-    signed = results - (self.protocol.mul(self.ctx, flip, results) << np.uint64(1))
-    return signed[:, 0], signed[:, 1]
+    put_back = results - (self.protocol.mul(self.ctx, flip, results) << np.uint64(1))
+    return put_back[:, 0], put_back[:, 1]
 
 
 def _public_divisor(self: Interpreter, eqn: JaxprEqn, y: Value) -> np.ndarray:
