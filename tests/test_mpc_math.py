@@ -34,6 +34,7 @@ P = np.array([[1.5, -2.0, 0.5], [3.0, 0.25, -1.0]], np.float32)
 EXACT = ("floor", "ceil", "trunc", "round_even", "round_away", "prod", "cumprod", "cummax")
 APPROXIMATE = {
     "sin": 1e-4, "erf": 2e-3, "gelu": 3e-3, "sinh": 3e-3, "nextafter": 4e-6, "interp": 1e-4,
+    "float_power": 1e-2, "power_secret": 1e-2, "power_array": 1e-2,
 }  # fmt: skip
 
 
@@ -153,6 +154,26 @@ def test_bools_sort_and_secret_values_are_searched_in_secret_sorted_ones():
     a = np.array([True, False, True, False, False])
     x = np.array([3.0, -1.0, 2.5, 0.5, 7.0], np.float32)  # interp at knots: exact in fixed point
     check(sorted_searches, a, x, np.array([-2.0, 0.0, 1.0, 4.0], np.float32))
+
+
+def powers(x: Any, y: Any, z: Any) -> dict[str, Any]:
+    exponents = jnp.array([1.0, 2.0, 0.5, 3.0, 2.0, 2.5, 2.0, -1.0], jnp.float32)
+    return {
+        "float_power": jnp.float_power(x, y), "power_secret": z ** y.astype(jnp.float32),
+        "power_array": z ** exponents,
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_powers_keep_the_sign_of_a_negative_base_to_an_odd_whole_exponent():
+    """x ** y for a secret y, or public exponents that differ per element: exp(y log |x|)
+    with the sign of a negative base to an odd whole power, and 0 ** y (where it is not inf),
+    at exp's and log's errors."""
+    x = np.array([-1, 2, -3, 0, 5, 0, -2, 3], np.int16)
+    y = np.array([3, 2, 2, 3, -1, 0, 1, 3], np.int16)
+    z = np.array([2.0, 0.5, 3.0, -2.0, 0.0, 1.5, -1.5, 4.0], np.float32)
+    y = np.where((z == 0) & (y < 0), 1, y).astype(np.int16)  # 0 ** -1 is inf: no fixed point
+    check(powers, x, y, z)
 
 
 def remainders_of_reals(x: Any, y: Any) -> dict[str, Any]:

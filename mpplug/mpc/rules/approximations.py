@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import JaxprEqn
 
-from mpplug.mpc import approx, ring
+from mpplug.mpc import approx
 from mpplug.mpc.fixed import Fxp
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
@@ -173,7 +173,7 @@ def _log1p(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
 
 @rule("pow")
 def _pow(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
-    """x ** y: a public integral y becomes integer_pow; otherwise exp(y log x) for x > 0."""
+    """x ** y: a public integral scalar y becomes integer_pow; any other y `_general_power`."""
     x, y = values
     aval = out_aval(eqn)
     require_float(self, eqn, aval.dtype)
@@ -185,10 +185,17 @@ def _pow(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
                 return self.out(eqn, self.arith(jnp.ones(aval.shape, aval.dtype), aval.dtype))
             product = power(self, shares, abs(int(exponent)), True)
             return self.out(eqn, product if exponent > 0 else approx.reciprocal(self.fx, product))
-    logarithm = approx.log(self.fx, self.arith(x, aval.dtype, aval.shape))
-    if isinstance(y, Secret):
-        product = self.fx.mul(self.arith(y, aval.dtype, aval.shape), logarithm)
-    else:
-        scale = jnp.broadcast_to(ring.encode(y, self.ctx.frac_bits), aval.shape)
-        product = self.protocol.trunc(self.ctx, logarithm * scale, self.ctx.frac_bits)
-    return self.out(eqn, approx.exp(self.fx, product))
+    (out,) = self.eval_as(_general_power, values)
+    return out
+
+
+def _general_power(x: jax.Array, y: jax.Array) -> jax.Array:
+    """exp(y log |x|), negated where x < 0 and y is an odd whole number; 0 ** y is 1 for
+    y = 0, else 0. A negative x to a y that is not whole (NaN in floats), and 0 to a negative
+    y (inf), have no fixed-point value: they give |x| ** y and 0."""
+    magnitude = jnp.abs(x)
+    result = jnp.exp(y * jnp.log(jnp.where(magnitude == 0, 1.0, magnitude)))
+    whole = jnp.floor(y)
+    odd = (whole == y) & (whole - 2.0 * jnp.floor(whole * 0.5) == 1.0)
+    result = jnp.where((x < 0) & odd, -result, result)
+    return jnp.where(magnitude == 0, jnp.where(y == 0, 1.0, 0.0), result)
