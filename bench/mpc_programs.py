@@ -2,7 +2,10 @@
 secure `x * c + 1` on 16 values with its own constant c (so each compiles its own round
 functions), on the Simulator and on a party server (Driver, three local party processes).
 
-    python -m bench.mpc_programs [--programs 500,5000] [--driver]
+    python -m bench.mpc_programs [--programs 500,5000] [--runs 2] [--driver]
+
+Each program runs `--runs` times: its first run is interpreted, the second compiles its
+functions (so both tiers' caches fill).
 
 Prints, at each checkpoint, the memory-map count and RSS of the process that runs the parties
 (this one for the Simulator, party P0's for the Driver). Target: the map count stays within the
@@ -45,13 +48,15 @@ def program(c: float) -> mp.MPFunction:
     return scaled
 
 
-def run(cluster: Any, pid: int, checkpoints: list[int], label: str) -> list[str]:
+def run(cluster: Any, pid: int, checkpoints: list[int], runs: int, label: str) -> list[str]:
     x = cluster.put(0, np.arange(16, dtype=np.float64))
     rows, start = [], time.perf_counter()
     for i in range(max(checkpoints)):
         c = i + 0.5
-        got = cluster.fetch(cluster.evaluate(program(c), x), party=0)
-        np.testing.assert_allclose(got, np.arange(16) * c + 1, atol=1e-3 * max(1.0, c))
+        prog = program(c)
+        for _ in range(runs):
+            got = cluster.fetch(cluster.evaluate(prog, x), party=0)
+            np.testing.assert_allclose(got, np.arange(16) * c + 1, atol=1e-3 * max(1.0, c))
         if i + 1 in checkpoints:
             maps, rss = usage(pid)
             per = (time.perf_counter() - start) / (i + 1)
@@ -64,6 +69,7 @@ def run(cluster: Any, pid: int, checkpoints: list[int], label: str) -> list[str]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--programs", default="500,5000", help="checkpoints, comma-separated")
+    ap.add_argument("--runs", type=int, default=2, help="runs of each program")
     ap.add_argument("--driver", action="store_true", help="also a party server (Driver)")
     args = ap.parse_args()
     checkpoints = sorted(int(n) for n in args.programs.split(","))
@@ -73,7 +79,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mpplug-bench-") as tmp:
         os.environ["MPPLUG_CACHE_DIR"] = str(Path(tmp) / "cache")
         with mp.Simulator(3) as sim:
-            rows += run(sim, os.getpid(), checkpoints, "Simulator")
+            rows += run(sim, os.getpid(), checkpoints, args.runs, "Simulator")
         if args.driver:
             from bench.load import local_cluster
             from mpplug.remote.driver import Driver
@@ -82,7 +88,9 @@ def main() -> int:
                 local_cluster(Path(tmp)) as parties,
                 Driver(Path(tmp) / "cluster.yaml", timeout=120.0) as driver,
             ):
-                rows += run(driver, parties.processes["P0"].pid, checkpoints, "party server P0")
+                rows += run(
+                    driver, parties.processes["P0"].pid, checkpoints, args.runs, "party server P0"
+                )
     return 0 if all(row.endswith("PASS |") for row in rows) else 1
 
 

@@ -1,7 +1,9 @@
 """The `jax.exec` kernel: runs a PFunction whose body is a serialized `jax.export` artifact.
 
 Each runtime compiles a body once per digest (a bounded cache), and the process keeps the
-executable in the persistent compile cache (`compile_cache`) for the next process.
+executable in the persistent compile cache (`compile_cache`) for the next process. A party
+runs a program's first run on plans of the modules interpreted with numpy (`interpreted`,
+no compile), and compiles them at the second (`tier_up_jax_exec`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from mpplug.core.custom_calls import (
     runs_on,
 )
 from mpplug.errors import InvalidPFunctionError
+from mpplug.kernels import interpreted
 from mpplug.kernels.compile_cache import cache_key, disk_cache
 from mpplug.kernels.devices import export_platform
 from mpplug.kernels.module_check import ModuleChecker, ModuleRefused
@@ -79,6 +82,8 @@ class CompiledExport:
     size: int
     """Bytes of the serialized executable (1 where the backend cannot serialize): what the
     executable caches weigh it by, as its code and the memory maps it takes grow with it."""
+    interpreted: bool = False
+    """Whether `call` runs an interpreted plan of the module (the first tier), not XLA code."""
 
 
 def supported_calling_conventions() -> range:
@@ -143,10 +148,11 @@ def _check_types(pfunc: PFunction, exported: jax_export.Exported) -> None:
             )
 
 
-def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
+def load(pfunc: PFunction, runtime: KernelRuntime, interpret: bool = False) -> CompiledExport:
     """Validate, deserialize and compile a `jax.exec` PFunction for this runtime's device,
     or load it compiled from the persistent cache (where it was stored after the same checks
-    passed for the same digest, platform and trust level)."""
+    passed for the same digest, platform and trust level). With `interpret`, a module that
+    is not in the persistent cache is planned to run interpreted where it can be."""
     if pfunc.fn_type != FN_TYPE:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: expected fn_type {FN_TYPE!r}, got {pfunc.fn_type!r}"
@@ -200,6 +206,10 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
             runtime.custom_calls.check(module_targets(exported), platform, _where(pfunc))
     except CustomCallRefused as exc:
         raise InvalidPFunctionError(str(exc)) from None
+    if interpret:
+        found = _interpreted(pfunc, exported, runtime)
+        if found is not None:
+            return found
     compiled = _compile(pfunc, _jit(exported, device, len(pfunc.ins_info)), exported, x64)
     size = 1
     try:
@@ -212,6 +222,50 @@ def load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
             disk.put(key, payload)
     call = _placing(compiled, device)
     return CompiledExport(_with_x64(call) if x64 else call, size)
+
+
+def _interpreted(
+    pfunc: PFunction, exported: jax_export.Exported, runtime: KernelRuntime
+) -> CompiledExport | None:
+    """The module as an interpreted plan, or None where a plan cannot run it (it is compiled).
+
+    A call that meets a float sum a plan cannot make exact compiles the module then."""
+    if len(exported.platforms) > 1 or exported.ordered_effects:
+        return None  # a platform index or effect tokens before the arguments: compiled
+    try:
+        plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+    except interpreted.Unsupported as exc:
+        log.debug("%s: compiled, not interpreted (%s)", _where(pfunc), exc)
+        return None
+    kept = tuple(exported.module_kept_var_idx)
+    expected = [(tuple(t.shape), np.dtype(t.dtype.numpy)) for t in _tensor_types(pfunc.ins_info)]
+    where = _where(pfunc)
+    compiled: list[CompiledExport] = []
+
+    def call(*args: Any) -> tuple[Any, ...]:
+        if compiled:
+            return compiled[0].call(*args)
+        _check_args(where, expected, args)
+        try:
+            return interpreted.call(plan, [args[i] for i in kept])
+        except interpreted.NotExact as exc:
+            log.debug("%s: compiled at its first call (%s)", where, exc)
+        compiled.append(_shared_load(pfunc, runtime))
+        return compiled[0].call(*args)
+
+    return CompiledExport(call, plan.weight, interpreted=True)
+
+
+def _check_args(where: str, expected: Sequence[tuple[tuple[int, ...], Any]], args: Any) -> None:
+    """A TypeError unless the arguments' shapes and dtypes are the expected ones."""
+    if len(args) != len(expected):
+        raise TypeError(f"{where}: expected {len(expected)} arguments, got {len(args)}")
+    for i, (arg, (shape, dtype)) in enumerate(zip(args, expected, strict=True)):
+        if tuple(arg.shape) != shape or arg.dtype != dtype:
+            raise TypeError(
+                f"{where}: argument {i}: expected {dtype}{list(shape)}, "
+                f"got {arg.dtype}{list(arg.shape)}"
+            )
 
 
 def _disk_key(pfunc: PFunction, device: Any, runtime: KernelRuntime) -> bytes:
@@ -294,15 +348,9 @@ def _executable_call(executable: Any, device: Any, pfunc: PFunction) -> Callable
     where = _where(pfunc)
 
     def call(*args: Any) -> tuple[Any, ...]:
-        if len(args) != len(expected):
-            raise TypeError(f"{where}: expected {len(expected)} arguments, got {len(args)}")
+        _check_args(where, expected, args)
         arrays = []
-        for i, (arg, (shape, dtype)) in enumerate(zip(args, expected, strict=True)):
-            if tuple(arg.shape) != shape or arg.dtype != dtype:
-                raise TypeError(
-                    f"{where}: argument {i}: expected {dtype}{list(shape)}, "
-                    f"got {arg.dtype}{list(arg.shape)}"
-                )
+        for arg in args:
             if not isinstance(arg, jax.Array) or arg.devices() != {device}:
                 with jax.enable_x64(True):
                     arg = jax.device_put(arg, device)
@@ -423,6 +471,20 @@ _PROCESS_CACHE: LRUCache[tuple[str, Any, bool], CompiledExport] = LRUCache(
 )
 
 
+_PLANS: LRUCache[tuple[str, Any, bool], CompiledExport] = LRUCache(
+    DEFAULT_CACHE_SIZE, weigh=_weight, max_weight=executables_budget()
+)
+"""Interpreted plans, shared by the runtimes of one process as executables are."""
+
+ENV_INTERPRET = "MPPLUG_INTERPRET"
+
+
+def interpret_first_runs() -> bool:
+    """Whether parties run a program's first run interpreted (`MPPLUG_INTERPRET`, default
+    on; `0` compiles every function before the first run)."""
+    return os.environ.get(ENV_INTERPRET, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def _shared_load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     """Runtimes of one process bound to the same device (simulated parties) share one
     compiled executable per digest instead of compiling it once each."""
@@ -430,16 +492,54 @@ def _shared_load(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
     return _PROCESS_CACHE.get_or_create(key, lambda: load(pfunc, runtime))
 
 
+def _shared_first_tier(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
+    """The executable this process compiled already, else one from the persistent cache or
+    an interpreted plan (shared as executables are), else a compiled one."""
+    key = (pfunc.digest, runtime.resolved_device(), runtime.untrusted_artifacts)
+    found = _PROCESS_CACHE.get(key)
+    if found is not None:
+        return found
+    first = _PLANS.get_or_create(key, lambda: load(pfunc, runtime, interpret=True))
+    if not first.interpreted:  # from the persistent cache, or not interpretable
+        _PROCESS_CACHE.put(key, first)
+    return first
+
+
 def prepare_jax_exec(pfunc: PFunction, runtime: KernelRuntime) -> None:
-    """Compile (or load) `pfunc` for `runtime` ahead of its first call."""
-    _compiled(pfunc, runtime)
+    """Ready `pfunc` for `runtime` ahead of its first call: interpreted where it can run so
+    and is not compiled yet (see `interpret_first_runs`), else compiled."""
+    if interpret_first_runs():
+        _cached(pfunc, runtime, _shared_first_tier)
+    else:
+        _compiled(pfunc, runtime)
+
+
+def tier_up_jax_exec(pfunc: PFunction, runtime: KernelRuntime) -> None:
+    """Replace the interpreted plan `runtime` runs for `pfunc` by its compiled executable."""
+    cache = runtime.cache(CACHE_NAMESPACE, _weight, executables_budget())
+    current = cache.get(pfunc.digest)
+    if current is None or not current.interpreted:
+        return
+    compiled = _shared_load(pfunc, runtime)
+    cache.put(pfunc.digest, compiled)
+    runtime.direct_calls[pfunc.digest] = DirectCall(compiled.call, len(pfunc.ins_info), cache.touch)
+    if pfunc.digest not in cache:  # evicted by another thread just before: none stale
+        runtime.direct_calls.pop(pfunc.digest, None)
 
 
 def _compiled(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExport:
+    return _cached(pfunc, runtime, _shared_load)
+
+
+def _cached(
+    pfunc: PFunction,
+    runtime: KernelRuntime,
+    make: Callable[[PFunction, KernelRuntime], CompiledExport],
+) -> CompiledExport:
+    """What `runtime` runs for `pfunc` (made by `make` when it has none), offered to
+    `invoke` as the PFunction's direct call."""
     cache = runtime.cache(CACHE_NAMESPACE, _weight, executables_budget())
-    compiled: CompiledExport = cache.get_or_create(
-        pfunc.digest, lambda: _shared_load(pfunc, runtime)
-    )
+    compiled: CompiledExport = cache.get_or_create(pfunc.digest, lambda: make(pfunc, runtime))
     if pfunc.digest not in runtime.direct_calls:
         runtime.direct_calls[pfunc.digest] = DirectCall(
             compiled.call, len(pfunc.ins_info), cache.touch
@@ -456,3 +556,4 @@ def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) 
 
 
 run_jax_exec.prepare = prepare_jax_exec  # type: ignore[attr-defined]
+run_jax_exec.tier_up = tier_up_jax_exec  # type: ignore[attr-defined]

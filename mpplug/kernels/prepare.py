@@ -1,7 +1,9 @@
-"""Compiling a program's functions before its first run: all of them at once, on a pool of
-threads (XLA compiles outside the GIL), with progress logged to the `mpplug` logger.
+"""Readying a program's functions before a run: all of them at once, on a pool of threads
+(XLA compiles outside the GIL), with progress logged to the `mpplug` logger.
 
-A kernel offers this by having a `prepare(pfunc, runtime)` attribute that fills its caches.
+A kernel offers this by having a `prepare(pfunc, runtime)` attribute that fills its caches
+before the first run, and may have a `tier_up(pfunc, runtime)` one that compiles what the
+first run ran interpreted, before the second.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ _progress_lock = threading.Lock()
 
 
 class Preparation:
-    """The compiles of one program's functions at one party, started together."""
+    """The compiles of one program's functions at one party, started together: each
+    kernel's `step` ("prepare" or "tier_up")."""
 
-    def __init__(self, pfuncs: Sequence[PFunction], runtime: KernelRuntime) -> None:
+    def __init__(
+        self, pfuncs: Sequence[PFunction], runtime: KernelRuntime, step: str = "prepare"
+    ) -> None:
         self.started_ns = self.finished_ns = time.time_ns()
         """When the compiles started, and when the last one ended (so far)."""
         self.reported = False
@@ -41,9 +46,9 @@ class Preparation:
                 kernel = REGISTRY.lookup(pfunc.fn_type)
             except Exception:  # an unknown fn_type: the run reports it, naming the op
                 continue
-            step = getattr(kernel, "prepare", None)
-            if step is not None:
-                future = _COMPILES.get().submit(_quietly, step, pfunc, runtime)
+            ready = getattr(kernel, step, None)
+            if ready is not None:
+                future = _COMPILES.get().submit(_quietly, ready, pfunc, runtime)
                 future.add_done_callback(self._ended)
                 self.futures.append(future)
 

@@ -74,26 +74,31 @@ class LRUCache(Generic[K, V]):
                     return self._data[key]
             try:
                 value = create()
-                weight = self._weigh(value) if self._weigh is not None else 0
-                with self._lock:
-                    self._data[key] = value
-                    self._data.move_to_end(key)
-                    self.weight += weight - self._weights.get(key, 0)
-                    self._weights[key] = weight
-                    while len(self._data) > self.maxsize or (
-                        self._weigh is not None
-                        and self.weight > self.max_weight
-                        and len(self._data) > 1
-                    ):
-                        evicted, _ = self._data.popitem(last=False)
-                        self.weight -= self._weights.pop(evicted, 0)
-                        if self._on_evict is not None:
-                            self._on_evict(evicted)
+                self._insert(key, value)
             finally:
                 with self._lock:
                     if self._pending.get(key) is pending:
                         del self._pending[key]
         return value
+
+    def put(self, key: K, value: V) -> None:
+        """Store `value` under `key`, replacing what was there (weighed afresh)."""
+        self._insert(key, value)
+
+    def _insert(self, key: K, value: V) -> None:
+        weight = self._weigh(value) if self._weigh is not None else 0
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            self.weight += weight - self._weights.get(key, 0)
+            self._weights[key] = weight
+            while len(self._data) > self.maxsize or (
+                self._weigh is not None and self.weight > self.max_weight and len(self._data) > 1
+            ):
+                evicted, _ = self._data.popitem(last=False)
+                self.weight -= self._weights.pop(evicted, 0)
+                if self._on_evict is not None:
+                    self._on_evict(evicted)
 
     def get(self, key: K) -> V | None:
         with self._lock:
@@ -101,6 +106,11 @@ class LRUCache(Generic[K, V]):
                 return None
             self._data.move_to_end(key)
             return self._data[key]
+
+    def values(self) -> list[V]:
+        """The cached values, least recently used first (a snapshot)."""
+        with self._lock:
+            return list(self._data.values())
 
     def __contains__(self, key: object) -> bool:
         with self._lock:

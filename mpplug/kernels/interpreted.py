@@ -1,0 +1,770 @@
+"""The first tier of `jax.exec`: a StableHLO module run op by op with numpy, compiling nothing,
+so a program's first run starts at once and XLA compiles its functions for the runs after.
+
+`plan(module)` turns a module into a `Plan`, or raises `Unsupported`, and the caller compiles
+the module instead. A plan gives the bits XLA's executable gives, never close-by ones:
+
+- integer ops wrap around, division by zero and shifts past the width give what XLA gives;
+- conversions from floats to integers saturate, and NaN gives 0;
+- float ops are only the correctly rounded IEEE ones: add, subtract, multiply, divide and sqrt;
+- a float reduction or product runs only when it is exact in any order: integral values whose
+  sums stay within the mantissa. Otherwise the call raises `NotExact`, and the caller compiles.
+
+Transcendental functions (exp, log, tanh, ...) are not planned, because XLA's approximations
+differ from numpy's in the last bits. The parties of a program must compute the same public
+values, whichever tier each one runs.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jax.extend import mlir
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo as hlo
+
+Array = np.ndarray
+Fn = Callable[..., Any]
+
+DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(dtype)
+    for name, dtype in {
+        "i1": np.bool_,
+        "i8": np.int8,
+        "i16": np.int16,
+        "i32": np.int32,
+        "i64": np.int64,
+        "ui8": np.uint8,
+        "ui16": np.uint16,
+        "ui32": np.uint32,
+        "ui64": np.uint64,
+        "f32": np.float32,
+        "f64": np.float64,
+    }.items()
+}
+"""The element types a plan computes in; a module with any other (f16, bf16, complex) is
+compiled."""
+
+FOLD_LIMIT_BYTES = 1 << 20
+"""Ops whose operands are all constants run while planning when the result is at most this
+big (or is a broadcast view, which holds no memory of its own)."""
+
+
+class Unsupported(Exception):
+    """The module uses something a plan does not run: compile it instead."""
+
+
+class NotExact(Exception):
+    """A float reduction or product whose result would depend on the order of its sums."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    fn: Fn
+    ins: tuple[int, ...]
+    out: int | tuple[int, ...]
+    frees: tuple[int, ...]
+    """Slots no later step reads: dropped after this one, so big intermediates do not pile up."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One function of a module as numpy calls on slots: `plan(*arrays)` returns its results."""
+
+    n_slots: int
+    constants: tuple[tuple[int, Any], ...]
+    params: tuple[int, ...]
+    steps: tuple[Step, ...]
+    results: tuple[int, ...]
+    weight: int
+    """Bytes of the constants the plan holds, plus a little per step."""
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        env: list[Any] = [None] * self.n_slots
+        for slot, value in self.constants:
+            env[slot] = value
+        for slot, arg in zip(self.params, args, strict=True):
+            env[slot] = arg
+        with np.errstate(all="ignore"):
+            for step in self.steps:
+                value = step.fn(*[env[i] for i in step.ins])
+                out = step.out
+                if isinstance(out, int):
+                    env[out] = value
+                else:
+                    for slot, item in zip(out, value, strict=True):
+                        env[slot] = item
+                for slot in step.frees:
+                    env[slot] = None
+        return tuple(env[i] for i in self.results)
+
+
+def plan_serialized(module: bytes) -> Plan:
+    """`plan` of a module serialized as `jax.export` stores it (a portable artifact)."""
+    with ir.Context() as context:
+        return plan(mlir.deserialize_portable_artifact(module, context))
+
+
+def plan(module: ir.Module) -> Plan:
+    """The module's `main` as a plan whose call takes and returns numpy arrays (raises
+    `Unsupported`)."""
+    funcs = {}
+    for op in module.body.operations:
+        if op.operation.name != "func.func":
+            raise Unsupported(f"a top-level {op.operation.name}")
+        funcs[ir.StringAttr(op.attributes["sym_name"]).value] = op
+    if "main" not in funcs:
+        raise Unsupported("no main function")
+    return _Planner(funcs).function("main")
+
+
+def call(plan: Plan, args: Sequence[Any]) -> tuple[Array, ...]:
+    """Run a plan on any arrays (JAX arrays are read in place on the host)."""
+    outs = [np.asarray(o) for o in plan(*[np.asarray(a) for a in args])]
+    return tuple(o if o.flags.c_contiguous and o.flags.writeable else o.copy() for o in outs)
+
+
+# ---------------------------------------------------------------- planning
+
+
+def _tensor(value: ir.Value) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        ttype = ir.RankedTensorType(value.type)
+    except ValueError:
+        raise Unsupported(f"a value of type {value.type}") from None
+    dtype = DTYPES.get(str(ttype.element_type))
+    if dtype is None:
+        raise Unsupported(f"element type {ttype.element_type}")
+    return tuple(ttype.shape), dtype
+
+
+def _ints(attr: ir.Attribute) -> list[int]:
+    if isinstance(attr, ir.DenseI64ArrayAttr):
+        return list(ir.DenseI64ArrayAttr(attr))
+    if isinstance(attr, ir.DenseIntElementsAttr):
+        return [int(v) for v in np.asarray(ir.DenseIntElementsAttr(attr)).ravel()]
+    raise Unsupported(f"attribute {attr}")
+
+
+class _Planner:
+    """Plans a module's functions, each once; `func.call` runs the callee's plan."""
+
+    def __init__(self, funcs: dict[str, Any]) -> None:
+        self.funcs = funcs
+        self.plans: dict[str, Plan] = {}
+        self.open: set[str] = set()
+
+    def function(self, name: str) -> Plan:
+        if name in self.plans:
+            return self.plans[name]
+        if name not in self.funcs or name in self.open:
+            raise Unsupported(f"a call of {name!r}")
+        self.open.add(name)
+        region = self.funcs[name].regions[0]
+        if len(region.blocks) != 1:
+            raise Unsupported(f"function {name!r} of several blocks")
+        built = _Block(self, region.blocks[0]).build()
+        self.open.discard(name)
+        self.plans[name] = built
+        return built
+
+
+class _Block:
+    """Plans one block: slots for its values, constants folded, steps in order."""
+
+    def __init__(self, planner: _Planner, block: ir.Block) -> None:
+        self.planner = planner
+        self.block = block
+        self.slots: dict[ir.Value, int] = {}
+        self.known: dict[int, Any] = {}
+        self.steps: list[tuple[Fn, tuple[int, ...], int | tuple[int, ...]]] = []
+        self.results: tuple[int, ...] = ()
+
+    def slot(self, value: ir.Value) -> int:
+        found = self.slots.get(value)
+        if found is None:
+            found = self.slots[value] = len(self.slots)
+        return found
+
+    def build(self) -> Plan:
+        params = tuple(self.slot(arg) for arg in self.block.arguments)
+        for arg in self.block.arguments:
+            _tensor(arg)
+        for op in self.block.operations:
+            self.add(op.operation)
+        return self.finish(params)
+
+    def add(self, op: ir.Operation) -> None:
+        name = op.name
+        if name in ("func.return", "stablehlo.return"):
+            self.results = tuple(self.slot(v) for v in op.operands)
+            return
+        for result in op.results:
+            _tensor(result)
+        handler = _HANDLERS.get(name)
+        if handler is None:
+            raise Unsupported(f"op {name}")
+        fn = handler(self, op)
+        ins = tuple(self.slot(v) for v in op.operands)
+        outs = tuple(self.slot(r) for r in op.results)
+        out: int | tuple[int, ...] = outs[0] if len(outs) == 1 else outs
+        if all(i in self.known for i in ins) and name not in _NOT_FOLDED:
+            with np.errstate(all="ignore"):
+                value = fn(*[self.known[i] for i in ins])
+            values = (value,) if isinstance(out, int) else tuple(value)
+            if all(_foldable(v) for v in values):
+                for slot, v in zip(outs, values, strict=True):
+                    self.known[slot] = v
+                return
+        self.steps.append((fn, ins, out))
+
+    def finish(self, params: tuple[int, ...]) -> Plan:
+        last: dict[int, int] = {}
+        for index, (_, ins, _) in enumerate(self.steps):
+            for slot in ins:
+                last[slot] = index
+        kept = set(self.results)
+        steps = []
+        for index, (fn, ins, out) in enumerate(self.steps):
+            outs = (out,) if isinstance(out, int) else out
+            dead = {s for s in ins if last.get(s) == index and s not in kept}
+            dead |= {s for s in outs if s not in last and s not in kept}
+            steps.append(Step(fn, ins, out, tuple(sorted(dead))))
+        used = {s for _, ins, _ in self.steps for s in ins} | kept
+        constants = tuple((s, v) for s, v in self.known.items() if s in used)
+        weight = sum(_held_bytes(v) for _, v in constants) + 64 * len(steps)
+        return Plan(len(self.slots), constants, params, tuple(steps), self.results, weight)
+
+
+def _held_bytes(value: Any) -> int:
+    """The memory an array holds: a broadcast view counts its unbroadcast elements only."""
+    array = np.asarray(value)
+    held = [n for n, stride in zip(array.shape, array.strides, strict=True) if stride != 0]
+    return int(np.prod(held, dtype=np.int64)) * array.itemsize
+
+
+def _foldable(value: Any) -> bool:
+    return _held_bytes(value) <= FOLD_LIMIT_BYTES
+
+
+_NOT_FOLDED = frozenset({"func.call"})
+
+
+# ---------------------------------------------------------------- op handlers
+
+Handler = Callable[[_Block, ir.Operation], Fn]
+_HANDLERS: dict[str, Handler] = {}
+
+
+def _handles(*names: str) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        for name in names:
+            _HANDLERS[f"stablehlo.{name}"] = handler
+        return handler
+
+    return register
+
+
+def _result(op: ir.Operation, index: int = 0) -> tuple[tuple[int, ...], np.dtype]:
+    return _tensor(op.results[index])
+
+
+def _typed(fn: Fn, dtype: np.dtype) -> Fn:
+    def typed(*args: Any) -> Any:
+        return np.asarray(fn(*args), dtype)
+
+    return typed
+
+
+_ELEMENTWISE: dict[str, Fn] = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "shift_left": np.left_shift,
+    "not": np.invert,
+    "negate": np.negative,
+    "abs": np.abs,
+    "round_nearest_even": np.rint,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "sqrt": np.sqrt,
+    "popcnt": lambda x: np.bitwise_count(np.asarray(x).view(f"u{np.asarray(x).itemsize}")),
+    "select": np.where,
+}
+_INTEGER_ONLY = frozenset({"shift_left", "popcnt"})
+_FLOAT_ONLY = frozenset({"round_nearest_even", "floor", "ceil", "sqrt"})
+
+
+@_handles(*_ELEMENTWISE)
+def _elementwise(block: _Block, op: ir.Operation) -> Fn:
+    name = op.name.removeprefix("stablehlo.")
+    _, dtype = _result(op)
+    is_float = dtype.kind == "f"
+    if (name in _INTEGER_ONLY and is_float) or (name in _FLOAT_ONLY and not is_float):
+        raise Unsupported(f"{name} on {dtype}")
+    if name in ("and", "or", "xor", "not") and is_float:
+        raise Unsupported(f"{name} on {dtype}")
+    return _typed(_ELEMENTWISE[name], dtype)
+
+
+@_handles("shift_right_logical", "shift_right_arithmetic")
+def _shift_right(block: _Block, op: ir.Operation) -> Fn:
+    _, dtype = _result(op)
+    if dtype.kind not in "iu":
+        raise Unsupported(f"a shift of {dtype}")
+    arithmetic = op.name.endswith("arithmetic")
+    as_dtype = np.dtype(f"{'i' if arithmetic else 'u'}{dtype.itemsize}")
+
+    def shift(x: Array, amount: Array) -> Array:
+        x = np.asarray(x).view(as_dtype)
+        amount = np.asarray(amount).view(as_dtype)
+        # numpy's shifts give 0 (or the sign) past the width, as XLA's do; a negative amount
+        # counts as a large unsigned one in both
+        return np.asarray(np.right_shift(x, amount)).view(dtype)
+
+    return shift
+
+
+@_handles("divide", "remainder")
+def _divide(block: _Block, op: ir.Operation) -> Fn:
+    _, dtype = _result(op)
+    remainder = op.name.endswith("remainder")
+    if dtype.kind == "f":
+        return _typed(np.fmod if remainder else np.divide, dtype)
+    if dtype.kind == "b":
+        raise Unsupported("division of booleans")
+    low = np.iinfo(dtype).min
+
+    def divide(x: Array, y: Array) -> Array:
+        x, y = np.broadcast_arrays(np.asarray(x, dtype), np.asarray(y, dtype))
+        zero = y == 0
+        overflow = (x == low) & (y == -1) if low < 0 else np.zeros_like(zero)
+        safe = np.where(zero | overflow, 1, y).astype(dtype)
+        rem = np.fmod(x, safe)  # C's remainder: the sign of x
+        if remainder:
+            return np.where(zero, x, np.where(overflow, 0, rem)).astype(dtype)
+        quotient = ((x - rem) // safe).astype(dtype)
+        quotient = np.where(overflow, x, quotient)
+        return np.where(zero, np.asarray(-1).astype(dtype), quotient).astype(dtype)
+
+    return divide
+
+
+@_handles("sign")
+def _sign(block: _Block, op: ir.Operation) -> Fn:
+    _, dtype = _result(op)
+    if dtype.kind == "u" or dtype.kind == "b":
+        raise Unsupported(f"sign of {dtype}")
+    if dtype.kind == "f":  # a signed zero keeps its sign, as XLA's does
+        return _typed(lambda x: np.where(x == 0, x, np.sign(x)), dtype)
+    return _typed(np.sign, dtype)
+
+
+@_handles("clamp")
+def _clamp(block: _Block, op: ir.Operation) -> Fn:
+    _, dtype = _result(op)
+    return _typed(lambda low, x, high: np.minimum(np.maximum(x, low), high), dtype)
+
+
+_DIRECTIONS: dict[str, Fn] = {
+    "EQ": np.equal,
+    "NE": np.not_equal,
+    "LT": np.less,
+    "LE": np.less_equal,
+    "GT": np.greater,
+    "GE": np.greater_equal,
+}
+
+
+@_handles("compare")
+def _compare(block: _Block, op: ir.Operation) -> Fn:
+    direction = hlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
+    compare = _DIRECTIONS[direction]
+    kind = "NOTYPE"
+    if "compare_type" in op.attributes:
+        kind = hlo.ComparisonTypeAttr(op.attributes["compare_type"]).value
+    _, operand = _tensor(op.operands[0])
+    if kind == "TOTALORDER" and operand.kind == "f":
+        as_int = np.dtype(f"i{operand.itemsize}")
+        magnitude = np.asarray(np.iinfo(as_int).max, as_int)
+
+        def total(x: Array) -> Array:
+            bits = np.asarray(x).view(as_int)
+            return np.where(bits < 0, bits ^ magnitude, bits)
+
+        return lambda x, y: compare(total(x), total(y))
+    if kind in ("SIGNED", "UNSIGNED") and operand.kind in "iu":
+        as_dtype = np.dtype(f"{'i' if kind == 'SIGNED' else 'u'}{operand.itemsize}")
+        if as_dtype != operand:
+            return lambda x, y: compare(np.asarray(x).view(as_dtype), np.asarray(y).view(as_dtype))
+    return compare
+
+
+@_handles("convert")
+def _convert(block: _Block, op: ir.Operation) -> Fn:
+    _, source = _tensor(op.operands[0])
+    _, target = _result(op)
+    if target.kind == "b":
+        return lambda x: np.not_equal(x, 0)
+    if source.kind == "f" and target.kind in "iu":
+        return lambda x: _float_to_int(np.asarray(x), target)
+    return lambda x: np.asarray(x).astype(target)
+
+
+def _float_to_int(x: Array, dtype: np.dtype) -> Array:
+    """XLA's conversion: toward zero, saturating at the type's range, NaN to 0."""
+    info = np.iinfo(dtype)
+    low, high = float(info.min), float(info.max) + 1.0  # both powers of two (or 0): exact
+    whole = np.trunc(x)
+    inside = (whole >= low) & (whole < high)
+    out = np.where(inside, whole, 0).astype(dtype)
+    out = np.where(whole >= high, np.asarray(info.max, dtype), out)
+    return np.where(whole < low, np.asarray(info.min, dtype), out)
+
+
+@_handles("bitcast_convert")
+def _bitcast(block: _Block, op: ir.Operation) -> Fn:
+    shape, target = _result(op)
+
+    def bitcast(x: Array) -> Array:
+        return np.ascontiguousarray(x).view(target).reshape(shape)
+
+    return bitcast
+
+
+@_handles("round_nearest_afz")
+def _round_away(block: _Block, op: ir.Operation) -> Fn:
+    _, dtype = _result(op)
+    if dtype.kind != "f":
+        raise Unsupported(f"rounding of {dtype}")
+
+    def round_away(x: Array) -> Array:
+        whole = np.trunc(x)
+        away = np.abs(x - whole) >= 0.5
+        return np.where(away, whole + np.sign(x), whole).astype(dtype)
+
+    return round_away
+
+
+@_handles("constant")
+def _constant(block: _Block, op: ir.Operation) -> Fn:
+    shape, dtype = _result(op)
+    attr = op.attributes["value"]
+    if not isinstance(attr, ir.DenseElementsAttr):
+        raise Unsupported(f"constant {attr}")
+    dense = ir.DenseElementsAttr(attr)
+    if dense.is_splat:
+        scalar = dense.get_splat_value()
+        if dtype.kind == "f":
+            item: Any = ir.FloatAttr(scalar).value
+        else:
+            item = ir.IntegerAttr(scalar).value
+            item = item != 0 if dtype.kind == "b" else item % (1 << (8 * dtype.itemsize))
+        value = np.full(shape, np.array(item).astype(dtype))
+    else:
+        value = np.array(dense).astype(dtype).reshape(shape)
+    value.flags.writeable = False
+    return lambda: value
+
+
+@_handles("iota")
+def _iota(block: _Block, op: ir.Operation) -> Fn:
+    shape, dtype = _result(op)
+    axis = ir.IntegerAttr(op.attributes["iota_dimension"]).value
+    line = np.arange(shape[axis]).astype(dtype)
+    value = np.broadcast_to(
+        line.reshape([n if d == axis else 1 for d, n in enumerate(shape)]), shape
+    )
+    return lambda: value
+
+
+@_handles("broadcast_in_dim")
+def _broadcast(block: _Block, op: ir.Operation) -> Fn:
+    shape, _ = _result(op)
+    dims = _ints(op.attributes["broadcast_dimensions"])
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    placed = [1] * len(shape)
+    operand_shape, _ = _tensor(op.operands[0])
+    for i in order:
+        placed[dims[i]] = operand_shape[i]
+
+    def broadcast(x: Array) -> Array:
+        x = np.asarray(x)
+        if order != list(range(len(dims))):
+            x = x.transpose(order)
+        return np.broadcast_to(x.reshape(placed), shape)
+
+    return broadcast
+
+
+@_handles("reshape")
+def _reshape(block: _Block, op: ir.Operation) -> Fn:
+    shape, _ = _result(op)
+    return lambda x: np.reshape(x, shape)
+
+
+@_handles("transpose")
+def _transpose(block: _Block, op: ir.Operation) -> Fn:
+    permutation = _ints(op.attributes["permutation"])
+    return lambda x: np.transpose(x, permutation)
+
+
+@_handles("reverse")
+def _reverse(block: _Block, op: ir.Operation) -> Fn:
+    axes = tuple(_ints(op.attributes["dimensions"]))
+    return lambda x: np.flip(x, axes)
+
+
+@_handles("slice")
+def _slice(block: _Block, op: ir.Operation) -> Fn:
+    index = tuple(
+        slice(start, limit, stride)
+        for start, limit, stride in zip(
+            _ints(op.attributes["start_indices"]),
+            _ints(op.attributes["limit_indices"]),
+            _ints(op.attributes["strides"]),
+            strict=True,
+        )
+    )
+    return lambda x: np.asarray(x)[index]
+
+
+def _starts(shape: Sequence[int], sizes: Sequence[int], starts: Sequence[Any]) -> list[int]:
+    """Start indices clamped as XLA clamps them: the slice stays inside the operand."""
+    return [min(max(int(s), 0), n - size) for s, n, size in zip(starts, shape, sizes, strict=True)]
+
+
+@_handles("dynamic_slice")
+def _dynamic_slice(block: _Block, op: ir.Operation) -> Fn:
+    sizes = _ints(op.attributes["slice_sizes"])
+
+    def dynamic_slice(x: Array, *starts: Array) -> Array:
+        x = np.asarray(x)
+        begin = _starts(x.shape, sizes, starts)
+        return x[tuple(slice(b, b + n) for b, n in zip(begin, sizes, strict=True))]
+
+    return dynamic_slice
+
+
+@_handles("dynamic_update_slice")
+def _dynamic_update_slice(block: _Block, op: ir.Operation) -> Fn:
+    def dynamic_update_slice(x: Array, update: Array, *starts: Array) -> Array:
+        out = np.array(x)
+        update = np.asarray(update)
+        begin = _starts(out.shape, update.shape, starts)
+        out[tuple(slice(b, b + n) for b, n in zip(begin, update.shape, strict=True))] = update
+        return out
+
+    return dynamic_update_slice
+
+
+@_handles("concatenate")
+def _concatenate(block: _Block, op: ir.Operation) -> Fn:
+    axis = ir.IntegerAttr(op.attributes["dimension"]).value
+    return lambda *xs: np.concatenate(xs, axis=axis)
+
+
+@_handles("pad")
+def _pad(block: _Block, op: ir.Operation) -> Fn:
+    lows = _ints(op.attributes["edge_padding_low"])
+    highs = _ints(op.attributes["edge_padding_high"])
+    interiors = _ints(op.attributes["interior_padding"])
+    shape, dtype = _result(op)
+
+    def pad(x: Array, value: Array) -> Array:
+        x = np.asarray(x)
+        grown = [
+            max(lo, 0) + (n + (n - 1) * inner if n else 0) + max(hi, 0)
+            for n, lo, hi, inner in zip(x.shape, lows, highs, interiors, strict=True)
+        ]
+        out = np.full(grown, value, dtype)
+        out[
+            tuple(
+                slice(max(lo, 0), max(lo, 0) + (n - 1) * (inner + 1) + 1, inner + 1)
+                for n, lo, inner in zip(x.shape, lows, interiors, strict=True)
+            )
+        ] = x
+        cut = tuple(
+            slice(-min(lo, 0), size - (-min(hi, 0)))
+            for size, lo, hi in zip(grown, lows, highs, strict=True)
+        )
+        return out[cut].reshape(shape)
+
+    return pad
+
+
+@_handles("optimization_barrier")
+def _barrier(block: _Block, op: ir.Operation) -> Fn:
+    return lambda *xs: xs
+
+
+def _exact_bound(dtype: np.dtype) -> float:
+    return float(2 ** (np.finfo(dtype).nmant + 1))
+
+
+def _check_exact(terms: int, *arrays: Array) -> None:
+    """Raise NotExact unless sums of `terms` products of these float arrays are exact."""
+    bound = 1.0
+    for a in arrays:
+        if a.size == 0:
+            return
+        if not np.array_equal(a, np.trunc(a)):
+            raise NotExact("a float sum of non-integral values")
+        bound *= float(np.max(np.abs(a)))
+    if not bound * max(terms, 1) <= _exact_bound(arrays[0].dtype):
+        raise NotExact("a float sum that may round")
+
+
+@_handles("dot_general")
+def _dot_general(block: _Block, op: ir.Operation) -> Fn:
+    numbers = hlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    lhs_batch = list(numbers.lhs_batching_dimensions)
+    rhs_batch = list(numbers.rhs_batching_dimensions)
+    lhs_contract = list(numbers.lhs_contracting_dimensions)
+    rhs_contract = list(numbers.rhs_contracting_dimensions)
+    lhs_shape, _ = _tensor(op.operands[0])
+    rhs_shape, _ = _tensor(op.operands[1])
+    _, dtype = _result(op)
+    letters = iter(string.ascii_letters)
+    lhs = [""] * len(lhs_shape)
+    rhs = [""] * len(rhs_shape)
+    for a, b in (
+        *zip(lhs_batch, rhs_batch, strict=True),
+        *zip(lhs_contract, rhs_contract, strict=True),
+    ):
+        lhs[a] = rhs[b] = next(letters)
+    for labels in (lhs, rhs):
+        for i, label in enumerate(labels):
+            if not label:
+                labels[i] = next(letters)
+    out = (
+        [lhs[d] for d in lhs_batch]
+        + [lhs[d] for d in range(len(lhs)) if d not in lhs_batch and d not in lhs_contract]
+        + [rhs[d] for d in range(len(rhs)) if d not in rhs_batch and d not in rhs_contract]
+    )
+    spec = f"{''.join(lhs)},{''.join(rhs)}->{''.join(out)}"
+    terms = int(np.prod([lhs_shape[d] for d in lhs_contract]))
+
+    def dot_general(x: Array, y: Array) -> Array:
+        x, y = np.asarray(x, dtype), np.asarray(y, dtype)
+        if dtype.kind == "f":
+            _check_exact(terms, x, y)
+            return np.einsum(spec, x, y, optimize=True).astype(dtype)
+        return np.einsum(spec, x, y).astype(dtype)
+
+    return dot_general
+
+
+_REDUCERS: dict[str, np.ufunc] = {
+    "stablehlo.add": np.add,
+    "stablehlo.multiply": np.multiply,
+    "stablehlo.maximum": np.maximum,
+    "stablehlo.minimum": np.minimum,
+    "stablehlo.and": np.bitwise_and,
+    "stablehlo.or": np.bitwise_or,
+    "stablehlo.xor": np.bitwise_xor,
+}
+
+
+@_handles("reduce")
+def _reduce(block: _Block, op: ir.Operation) -> Fn:
+    if len(op.operands) != 2:
+        raise Unsupported("a reduce of several operands")
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    args = list(body.arguments)
+    if (
+        len(ops) != 2
+        or ops[0].name not in _REDUCERS
+        or list(ops[0].operands) != args
+        or list(ops[1].operands) != list(ops[0].results)
+    ):
+        raise Unsupported("a reduce with a body other than one binary op")
+    ufunc = _REDUCERS[ops[0].name]
+    axes = tuple(_ints(op.attributes["dimensions"]))
+    _, dtype = _result(op)
+    if dtype.kind == "b" and ufunc in (np.add, np.multiply):
+        raise Unsupported("a sum of booleans")
+    sums = ufunc in (np.add, np.multiply)
+
+    def reduce(x: Array, init: Array) -> Array:
+        x = np.asarray(x)
+        if dtype.kind == "f" and sums:
+            terms = int(np.prod([x.shape[a] for a in axes])) + 1
+            if ufunc is np.multiply:
+                raise NotExact("a float product")
+            _check_exact(terms, x)
+            _check_exact(terms, np.asarray(init))
+        return ufunc(ufunc.reduce(x, axis=axes), init).astype(dtype)
+
+    return reduce
+
+
+@_handles("gather")
+def _gather(block: _Block, op: ir.Operation) -> Fn:
+    numbers = hlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    offset_dims = list(numbers.offset_dims)
+    start_map = list(numbers.start_index_map)
+    vector_dim = numbers.index_vector_dim
+    operand_batch = list(numbers.operand_batching_dims)
+    index_batch = list(numbers.start_indices_batching_dims)
+    dropped = set(numbers.collapsed_slice_dims) | set(operand_batch)
+    sizes = _ints(op.attributes["slice_sizes"])
+    shape, _ = _result(op)
+
+    def gather(x: Array, indices: Array) -> Array:
+        x, indices = np.asarray(x), np.asarray(indices)
+        if vector_dim == indices.ndim:
+            indices = indices[..., None]
+        else:
+            indices = np.moveaxis(indices, vector_dim, -1)
+        if indices.dtype.kind == "u":
+            indices = np.minimum(indices, np.iinfo(np.int64).max)
+        indices = indices.astype(np.int64)
+        batch = indices.shape[:-1]
+        rank = x.ndim
+        grids = []
+        for d in range(rank):
+            start = np.zeros(batch, np.int64)
+            if d in start_map:
+                start = np.clip(indices[..., start_map.index(d)], 0, x.shape[d] - sizes[d])
+            elif d in operand_batch:  # the index's own position along its paired batch axis
+                axis = index_batch[operand_batch.index(d)]
+                axis -= axis > vector_dim
+                start = np.broadcast_to(
+                    np.arange(batch[axis]).reshape(
+                        [-1 if a == axis else 1 for a in range(len(batch))]
+                    ),
+                    batch,
+                )
+            offsets = np.arange(sizes[d]).reshape([sizes[d] if e == d else 1 for e in range(rank)])
+            grids.append(start.reshape(batch + (1,) * rank) + offsets)
+        full = x[tuple(grids)]
+        kept = tuple(n for d, n in enumerate(sizes) if d not in dropped)
+        full = full.reshape(batch + kept)
+        order, batch_axes = [], iter(range(len(batch)))
+        for position in range(len(shape)):
+            if position in offset_dims:
+                order.append(len(batch) + offset_dims.index(position))
+            else:
+                order.append(next(batch_axes))
+        return full.transpose(order)
+
+    return gather
+
+
+def _call(block: _Block, op: ir.Operation) -> Fn:
+    callee = block.planner.function(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+    return lambda *xs: callee(*xs) if len(callee.results) != 1 else callee(*xs)[0]
+
+
+_HANDLERS["func.call"] = _call

@@ -1,0 +1,362 @@
+"""The interpreted first tier of `jax.exec`: bit for bit what XLA's executable gives, op by op
+at the edges (wrap-around, shifts past the width, saturating conversions, clamped slices);
+refusals of what it cannot run the same; and the tiers a party runs a program's runs on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import mpplug as mp
+from mpplug.frontend.jax_export import jax_export
+from mpplug.kernels import interpreted, jax_exec
+from mpplug.kernels.runtime import KernelRuntime, LRUCache
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty compile caches, on disk and in this process: nothing is compiled before the test."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))
+    for name in ("_PROCESS_CACHE", "_PLANS"):
+        monkeypatch.setattr(jax_exec, name, LRUCache(weigh=jax_exec._weight, max_weight=1 << 30))
+
+
+def _edges(dtype: Any, n: int = 64) -> np.ndarray:
+    """Random values with the dtype's extremes, 0, 1 and -1 among them."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return RNG.integers(0, 2, n).astype(bool)
+    if dtype.kind == "f":
+        special = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -2.5, np.inf, -np.inf, np.nan, 1e30, -1e30]
+        values = RNG.standard_normal(n) * 10.0 ** RNG.integers(-3, 12, n)
+        return np.concatenate([special, values])[:n].astype(dtype)
+    info = np.iinfo(dtype)
+    special = [info.min, info.max, 0, 1, info.max - 1, info.min + 1]
+    if info.min < 0:
+        special += [-1, -2]
+    values = RNG.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    return np.concatenate([np.array(special, dtype), values])[:n]
+
+
+def _export(fn: Callable[..., Any], *args: np.ndarray) -> jax.export.Exported:
+    with jax.enable_x64(True):
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+        return jax.export.export(jax.jit(fn), platforms=("cpu",))(*specs)
+
+
+def _same_as_xla(fn: Callable[..., Any], *args: np.ndarray) -> None:
+    exported = _export(fn, *args)
+    plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+    with jax.enable_x64(True):
+        want = [np.asarray(w) for w in jax.tree.leaves(exported.call(*args))]
+    got = interpreted.call(plan, [args[i] for i in exported.module_kept_var_idx])
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        bits_g = g.reshape(-1).view(np.uint8) if g.dtype.kind != "b" else g
+        bits_w = w.reshape(-1).view(np.uint8) if w.dtype.kind != "b" else w
+        assert np.array_equal(bits_g, bits_w), (g, w)
+
+
+INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+FLOATS = [np.float32, np.float64]
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=lambda d: np.dtype(d).name)
+def test_integer_ops_wrap_divide_and_shift_as_xla(dtype: Any) -> None:
+    x, y = _edges(dtype), _edges(dtype)[::-1].copy()
+    bits = 8 * np.dtype(dtype).itemsize
+    amounts = np.arange(64).astype(dtype) % np.asarray(bits + 6, dtype)
+    if np.dtype(dtype).kind == "i":
+        amounts[::7] = -amounts[::7]
+    _same_as_xla(lambda a, b: (a + b, a - b, a * b, -a, ~a, a & b, a | b, a ^ b), x, y)
+    _same_as_xla(lambda a, b: (lax.div(a, b), lax.rem(a, b), a // b, a % b), x, y)
+    _same_as_xla(lambda a, b: (jnp.maximum(a, b), jnp.minimum(a, b), a < b, a >= b, a == b), x, y)
+    _same_as_xla(
+        lambda a, s: (
+            lax.shift_left(a, s),
+            lax.shift_right_logical(a, s),
+            lax.shift_right_arithmetic(a, s),
+        ),
+        x,
+        amounts,
+    )
+    _same_as_xla(
+        lambda a: (lax.population_count(a), jnp.abs(a), jnp.sign(a), jnp.clip(a, -3, 100)), x
+    )
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+def test_float_ops_and_conversions_as_xla(dtype: Any) -> None:
+    x, y = _edges(dtype), _edges(dtype)[::-1].copy()
+    _same_as_xla(lambda a, b: (a + b, a - b, a * b, a / b, jnp.maximum(a, b), a <= b), x, y)
+    _same_as_xla(
+        lambda a: (
+            jnp.sqrt(jnp.abs(a)),
+            jnp.floor(a),
+            jnp.ceil(a),
+            jnp.rint(a),
+            lax.round(a, lax.RoundingMethod.AWAY_FROM_ZERO),
+            jnp.sign(a),
+            -a,
+        ),
+        x,
+    )
+    _same_as_xla(lambda a: tuple(a.astype(t) for t in (*INTS, np.bool_, *FLOATS)), x)
+    _same_as_xla(lambda a: lax.bitcast_convert_type(a, np.dtype(f"i{np.dtype(dtype).itemsize}")), x)
+
+
+@pytest.mark.parametrize("dtype", [*INTS, np.bool_], ids=lambda d: np.dtype(d).name)
+def test_integer_conversions_as_xla(dtype: Any) -> None:
+    x = _edges(dtype)
+    _same_as_xla(lambda a: tuple(a.astype(t) for t in (*INTS, np.bool_, *FLOATS)), x)
+
+
+def test_bitcasts_between_widths_as_xla() -> None:
+    x = _edges(np.uint64, 12).reshape(3, 4)
+    _same_as_xla(lambda a: lax.bitcast_convert_type(a, np.uint32), x)
+    pairs = _edges(np.uint16, 24).reshape(3, 4, 2)
+    _same_as_xla(lambda a: lax.bitcast_convert_type(a, np.uint32), pairs)
+
+
+def test_total_order_comparison_as_xla() -> None:
+    x, y = _edges(np.float32), _edges(np.float32)[::-1].copy()
+    _same_as_xla(
+        lambda a, b: (
+            (lax.lt_to(a, b), lax.le_to(a, b), lax.eq_to(a, b))
+            if hasattr(lax, "lt_to")
+            else (a < b,)
+        ),
+        x,
+        y,
+    )
+
+
+def test_structural_ops_as_xla() -> None:
+    x = RNG.integers(-100, 100, (4, 6, 5)).astype(np.int32)
+    start = np.array([7, -3, 2], np.int32)  # clamped into range, as XLA does
+    _same_as_xla(
+        lambda a, s: (
+            jnp.transpose(a, (2, 0, 1)),
+            a.reshape(6, 20),
+            a[1:4:2, ::3, 1:],
+            jnp.flip(a, (0, 2)),
+            jnp.concatenate([a, a * 2], axis=1),
+            jnp.broadcast_to(a[:, :1, :], (4, 6, 5)),
+            lax.dynamic_slice(a, (s[0], s[1], s[2]), (2, 3, 4)),
+            lax.dynamic_update_slice(a, a[:2, :2, :2] + 1, (s[0], s[1], s[2])),
+            lax.pad(a, np.int32(9), ((1, -1, 1), (-2, 2, 0), (0, 0, 2))),
+            lax.broadcasted_iota(np.int32, (3, 4), 1),
+        ),
+        x,
+        start,
+    )
+
+
+def test_gathers_reductions_and_products_as_xla() -> None:
+    table = RNG.integers(-1000, 1000, (7, 5)).astype(np.int64)
+    index = np.array([0, 6, -1, 9, 3, -8], np.int32)
+    _same_as_xla(
+        lambda t, i: (
+            jnp.take(t, i, axis=0, mode="clip"),
+            jnp.take(t, i, axis=1, mode="clip"),
+            t[jnp.clip(i, 0, 4), jnp.clip(i, 0, 4)],
+            jnp.take_along_axis(t, jnp.clip(i[:5], 0, 6)[None, :].repeat(7, 0), axis=0),
+        ),
+        table,
+        index,
+    )
+    ints = _edges(np.uint64, 60).reshape(3, 4, 5)
+    flags = _edges(np.bool_, 60).reshape(3, 20)
+    _same_as_xla(
+        lambda a, f: (
+            a.sum(axis=(0, 2)),
+            a.max(axis=1),
+            a.min(),
+            jnp.bitwise_xor.reduce(a, axis=0),
+            f.any(axis=1),
+            f.all(axis=0),
+        ),
+        ints,
+        flags,
+    )
+    a = RNG.integers(0, 2**40, (3, 4, 6), dtype=np.uint64)
+    b = RNG.integers(0, 2**40, (3, 6, 2), dtype=np.uint64)
+    _same_as_xla(lambda p, q: (jnp.matmul(p, q), jnp.einsum("bij,bjk->ik", p, q)), a, b)
+    whole_a = RNG.integers(-(2**20), 2**20, (8, 16)).astype(np.float64)
+    whole_b = RNG.integers(-(2**20), 2**20, (16, 4)).astype(np.float64)
+    _same_as_xla(lambda p, q: (p @ q, p.sum(axis=1)), whole_a, whole_b)
+
+
+def test_float_sums_that_could_round_are_not_run() -> None:
+    exported = _export(
+        lambda p, q: p @ q, np.zeros((4, 8), np.float32), np.zeros((8, 3), np.float32)
+    )
+    plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+    small = RNG.integers(-100, 100, (4, 8)).astype(np.float32)
+    assert np.array_equal(
+        interpreted.call(plan, [small, small.T[:, :3].copy()])[0], small @ small.T[:, :3]
+    )
+    with pytest.raises(interpreted.NotExact, match="non-integral"):
+        interpreted.call(plan, [small + 0.5, small.T[:, :3].copy()])
+    with pytest.raises(interpreted.NotExact, match="may round"):
+        interpreted.call(plan, [small * 2.0**20, small.T[:, :3].copy()])
+
+
+@pytest.mark.parametrize(
+    ("fn", "what"),
+    [
+        (jnp.exp, "exponential"),
+        (jnp.tanh, "tanh"),
+        (lambda a: lax.conv_general_dilated(a, a[:1], (1,), "SAME"), "convolution"),
+        (lambda a: jnp.sort(a), "sort"),
+        (lambda a: a.astype(jnp.bfloat16), "bf16"),
+    ],
+)
+def test_what_it_cannot_run_bit_for_bit_is_refused(fn: Callable[..., Any], what: str) -> None:
+    exported = _export(fn, np.ones((1, 1, 4), np.float32))
+    with pytest.raises(interpreted.Unsupported, match=what):
+        interpreted.plan_serialized(exported.mlir_module_serialized)
+
+
+def _pfunction(fn: Callable[..., Any], *args: np.ndarray) -> mp.PFunction:
+    return jax_export(fn, *args, disk=False)[0]
+
+
+def test_a_runtime_runs_the_plan_first_and_the_compiled_code_after_tier_up(
+    empty_cache: None,
+) -> None:
+    runtime = KernelRuntime()
+    x = RNG.integers(0, 2**62, 100, dtype=np.uint64)
+    pfunc = _pfunction(lambda a: (a * a + 3) >> 5, x)
+    jax_exec.prepare_jax_exec(pfunc, runtime)
+    entry = runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest)
+    assert entry is not None and entry.interpreted
+    first = mp.invoke(pfunc, x, runtime=runtime)[0]
+    assert isinstance(first, np.ndarray)  # numpy ran it: no executable yet
+    jax_exec.tier_up_jax_exec(pfunc, runtime)
+    entry = runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest)
+    assert entry is not None and not entry.interpreted
+    second = mp.invoke(pfunc, x, runtime=runtime)[0]
+    assert isinstance(second, jax.Array)
+    assert np.array_equal(first, np.asarray(second))
+    assert np.array_equal(first, (x * x + np.uint64(3)) >> np.uint64(5))
+
+
+def test_a_sum_the_plan_cannot_make_exact_is_compiled_at_its_call(empty_cache: None) -> None:
+    runtime = KernelRuntime()
+    a = RNG.standard_normal((5, 7)).astype(np.float32)
+    pfunc = _pfunction(lambda p: p @ p.T, a)
+    jax_exec.prepare_jax_exec(pfunc, runtime)
+    assert runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest).interpreted
+    got = mp.invoke(pfunc, a, runtime=runtime)[0]
+    assert isinstance(got, jax.Array)  # compiled: numpy's order of sums may differ from XLA's
+    assert np.array_equal(np.asarray(got), np.asarray(jax.jit(lambda p: p @ p.T)(a)))
+
+
+def test_interpretation_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(jax_exec.ENV_INTERPRET, "0")
+    runtime = KernelRuntime()
+    x = np.arange(10, dtype=np.int32)
+    pfunc = _pfunction(lambda a: a * 7 - 1, x)
+    jax_exec.prepare_jax_exec(pfunc, runtime)
+    assert not runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest).interpreted
+
+
+def _entries(sim: mp.Simulator) -> list[bool]:
+    """Whether each jax.exec function the Simulator's parties hold runs interpreted."""
+    found = []
+    for party in sim._parties:
+        cache = party.runtime.cache(jax_exec.CACHE_NAMESPACE)
+        found += [entry.interpreted for entry in cache.values()]
+    return found
+
+
+def test_a_secure_program_runs_interpreted_first_then_compiled(empty_cache: None) -> None:
+    x = RNG.standard_normal(50).astype(np.float32)
+    y = RNG.standard_normal(50).astype(np.float32)
+
+    @mp.function
+    def secure(a: mp.MPObject, b: mp.MPObject) -> mp.MPObject:
+        sealed = mp.mpc.seal(a), mp.mpc.seal(b)
+        return mp.mpc.reveal(mp.mpc.run(lambda p, q: jnp.maximum(p * q, p - 1.5), *sealed), to=0)
+
+    want = np.maximum(x * y, x - 1.5)
+    with mp.Simulator(3) as sim:
+        args = sim.put(0, x), sim.put(1, y)
+        first = sim.fetch(sim.evaluate(secure, *args), party=0)
+        states = _entries(sim)
+        assert states and all(states)  # every function of the first run was interpreted
+        second = sim.fetch(sim.evaluate(secure, *args), party=0)
+        states = _entries(sim)
+        assert states and not any(states)  # compiled at the second run
+    # each run draws fresh randomness, so the two agree to the truncation's error only
+    np.testing.assert_allclose(first, want, atol=1e-3)
+    np.testing.assert_allclose(second, want, atol=1e-3)
+
+
+def _random_inputs(types: Any) -> list[np.ndarray]:
+    inputs = []
+    for t in types:
+        dtype = np.dtype(t.dtype.numpy)
+        if dtype.kind == "b":
+            inputs.append(RNG.integers(0, 2, t.shape).astype(bool))
+        elif dtype.kind == "f":
+            inputs.append(RNG.standard_normal(t.shape).astype(dtype))
+        elif t.shape == ():  # offsets and counters: small, as the protocol passes them
+            inputs.append(np.asarray(RNG.integers(0, 3), dtype))
+        else:
+            info = np.iinfo(dtype)
+            inputs.append(RNG.integers(info.min, info.max, t.shape, dtype=dtype, endpoint=True))
+    return inputs
+
+
+def test_a_secure_programs_functions_interpreted_give_xlas_bits() -> None:
+    """Every round function of a secure program (products, truncations, comparisons, a
+    division, a gather at secret indices), on random shares, bit for bit as compiled."""
+    from mpplug.runtime.interpreter import Interpreter
+
+    def model(a: jax.Array, b: jax.Array, i: jax.Array) -> Any:
+        return (a @ b.T) / (1.0 + jnp.abs(a[:, :3].sum())), jnp.sort(a[0]), a[i.astype(jnp.int32)]
+
+    a = RNG.standard_normal((4, 6)).astype(np.float32)
+    b = RNG.standard_normal((3, 6)).astype(np.float32)
+    i = np.array([3, 0, 2], np.float32)
+
+    @mp.function
+    def secure(p: mp.MPObject, q: mp.MPObject, r: mp.MPObject) -> Any:
+        out = mp.mpc.run(model, mp.mpc.seal(p), mp.mpc.seal(q), mp.mpc.seal(r))
+        return mp.mpc.reveal(out, to=0)
+
+    with mp.Simulator(3) as sim:
+        program = sim.compile(secure, sim.put(0, a), sim.put(1, b), sim.put(2, i))
+    checked = 0
+    seen: set[str] = set()
+    for rank in range(3):
+        for pfunc in Interpreter(program.graph, rank).functions():
+            if pfunc.fn_type != "jax.exec" or pfunc.digest in seen:
+                continue
+            seen.add(pfunc.digest)
+            exported = jax.export.deserialize(bytearray(pfunc.fn_body))
+            try:
+                plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+            except interpreted.Unsupported:
+                continue
+            args = _random_inputs(pfunc.ins_info)
+            with jax.enable_x64(True):
+                want = [np.asarray(w) for w in jax.tree.leaves(exported.call(*args))]
+            got = interpreted.call(plan, [args[k] for k in exported.module_kept_var_idx])
+            for g, w in zip(got, want, strict=True):
+                assert g.dtype == w.dtype and g.shape == w.shape, pfunc.fn_name
+                assert np.array_equal(g, w, equal_nan=True), pfunc.fn_name
+            checked += 1
+    assert checked >= 30
