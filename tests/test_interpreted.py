@@ -197,6 +197,36 @@ def test_gathers_reductions_and_products_as_xla() -> None:
     _same_as_xla(lambda p, q: (p @ q, p.sum(axis=1)), whole_a, whole_b)
 
 
+@pytest.mark.parametrize(
+    "form",
+    [
+        dict(window_strides=(1, 1), padding="SAME"),
+        dict(window_strides=(2, 1), padding=((1, 2), (0, -1)), rhs_dilation=(1, 2)),
+        dict(window_strides=(1, 2), padding=((1, 0), (2, 1)), lhs_dilation=(2, 1)),
+        dict(window_strides=(1, 1), padding="SAME", feature_group_count=2),
+        dict(window_strides=(1, 1), padding="VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+    ],
+    ids=["same", "strided-dilated", "lhs-dilated", "groups", "nhwc"],
+)
+def test_convolutions_of_integral_floats_and_ring_integers_as_xla(form: dict[str, Any]) -> None:
+    numbers = form.get("dimension_numbers")
+    groups = form.get("feature_group_count", 1)
+    x = RNG.integers(-(2**12), 2**12, (2, 4, 7, 6)).astype(np.float64)
+    k = RNG.integers(-(2**12), 2**12, (6, 4 // groups, 3, 2)).astype(np.float64)
+    if numbers is not None:
+        x, k = x.transpose(0, 2, 3, 1).copy(), k.transpose(2, 3, 1, 0).copy()
+
+    def conv(a: jax.Array, b: jax.Array) -> jax.Array:
+        return lax.conv_general_dilated(a, b, **form)
+
+    _same_as_xla(conv, x, k)
+    _same_as_xla(conv, x.astype(np.int64), k.astype(np.int64))
+    exported = _export(conv, x.astype(np.float32), k.astype(np.float32))
+    plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+    with pytest.raises(interpreted.NotExact):
+        interpreted.call(plan, [x.astype(np.float32) + 0.25, k.astype(np.float32)])
+
+
 def test_float_sums_that_could_round_are_not_run() -> None:
     exported = _export(
         lambda p, q: p @ q, np.zeros((4, 8), np.float32), np.zeros((8, 3), np.float32)
@@ -217,7 +247,7 @@ def test_float_sums_that_could_round_are_not_run() -> None:
     [
         (jnp.exp, "exponential"),
         (jnp.tanh, "tanh"),
-        (lambda a: lax.conv_general_dilated(a, a[:1], (1,), "SAME"), "convolution"),
+        (lambda a: jnp.cumsum(a, axis=2), "reduce_window"),
         (lambda a: jnp.sort(a), "sort"),
         (lambda a: a.astype(jnp.bfloat16), "bf16"),
     ],
@@ -242,7 +272,7 @@ def test_a_runtime_runs_the_plan_first_and_the_compiled_code_after_tier_up(
     entry = runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest)
     assert entry is not None and entry.interpreted
     first = mp.invoke(pfunc, x, runtime=runtime)[0]
-    assert isinstance(first, np.ndarray)  # numpy ran it: no executable yet
+    assert isinstance(first, jax.Array)  # numpy ran it, and its outputs went to the device
     jax_exec.tier_up_jax_exec(pfunc, runtime)
     entry = runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest)
     assert entry is not None and not entry.interpreted
@@ -259,8 +289,9 @@ def test_a_sum_the_plan_cannot_make_exact_is_compiled_at_its_call(empty_cache: N
     jax_exec.prepare_jax_exec(pfunc, runtime)
     assert runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest).interpreted
     got = mp.invoke(pfunc, a, runtime=runtime)[0]
-    assert isinstance(got, jax.Array)  # compiled: numpy's order of sums may differ from XLA's
+    # compiled at this call (numpy's order of sums may differ from XLA's): XLA's bits
     assert np.array_equal(np.asarray(got), np.asarray(jax.jit(lambda p: p @ p.T)(a)))
+    assert len(jax_exec._PROCESS_CACHE) == 1
 
 
 def test_interpretation_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -360,3 +391,14 @@ def test_a_secure_programs_functions_interpreted_give_xlas_bits() -> None:
                 assert np.array_equal(g, w, equal_nan=True), pfunc.fn_name
             checked += 1
     assert checked >= 30
+
+
+def test_a_module_that_would_hold_big_values_in_numpy_is_compiled() -> None:
+    big = np.zeros((20, 2**20), np.float32)  # 80 MiB: numpy would hold a * 2 apart, XLA fuses
+    exported = _export(lambda a: (a * 2 + 1).sum(), big)
+    with pytest.raises(interpreted.Unsupported, match="over 64 MiB"):
+        interpreted.plan_serialized(exported.mlir_module_serialized)
+    summed = _export(lambda a: a.sum(), big)  # reads it in place: planned, checked in chunks
+    plan = interpreted.plan_serialized(summed.mlir_module_serialized)
+    with pytest.raises(interpreted.NotExact, match="more terms"):
+        interpreted.call(plan, [big])

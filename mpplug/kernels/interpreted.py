@@ -17,6 +17,7 @@ values, whichever tier each one runs.
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,13 @@ DTYPES: dict[str, np.dtype] = {
 }
 """The element types a plan computes in; a module with any other (f16, bf16, complex) is
 compiled."""
+
+VALUE_LIMIT_BYTES = 64 << 20
+"""A module with an op result bigger than this is compiled: numpy would hold each such value
+in memory where XLA fuses the ops and holds none (a big dataset's first run)."""
+
+CHECK_CHUNK = 1 << 20
+"""Elements read at a time when checking that a float sum is exact."""
 
 FOLD_LIMIT_BYTES = 1 << 20
 """Ops whose operands are all constants run while planning when the result is at most this
@@ -204,7 +212,9 @@ class _Block:
             self.results = tuple(self.slot(v) for v in op.operands)
             return
         for result in op.results:
-            _tensor(result)
+            shape, dtype = _tensor(result)
+            if math.prod(shape) * dtype.itemsize > VALUE_LIMIT_BYTES:
+                raise Unsupported(f"a value of {shape} {dtype}, over {VALUE_LIMIT_BYTES >> 20} MiB")
         handler = _HANDLERS.get(name)
         if handler is None:
             raise Unsupported(f"op {name}")
@@ -612,15 +622,23 @@ def _exact_bound(dtype: np.dtype) -> float:
 
 
 def _check_exact(terms: int, *arrays: Array) -> None:
-    """Raise NotExact unless sums of `terms` products of these float arrays are exact."""
-    bound = 1.0
+    """Raise NotExact unless sums of `terms` products of these float arrays are exact.
+
+    Read in chunks, so a big operand costs no copy of itself."""
+    bound = _exact_bound(arrays[0].dtype)
+    if terms > bound:
+        raise NotExact("a float sum of more terms than the mantissa holds")
+    product = float(max(terms, 1))
     for a in arrays:
-        if a.size == 0:
-            return
-        if not np.array_equal(a, np.trunc(a)):
-            raise NotExact("a float sum of non-integral values")
-        bound *= float(np.max(np.abs(a)))
-    if not bound * max(terms, 1) <= _exact_bound(arrays[0].dtype):
+        flat = a.reshape(-1)
+        largest = 0.0
+        for start in range(0, flat.size, CHECK_CHUNK):
+            chunk = flat[start : start + CHECK_CHUNK]
+            if not np.array_equal(chunk, np.trunc(chunk)):
+                raise NotExact("a float sum of non-integral values")
+            largest = max(largest, float(np.max(np.abs(chunk))))
+        product *= largest
+    if not product <= bound:
         raise NotExact("a float sum that may round")
 
 
@@ -768,3 +786,80 @@ def _call(block: _Block, op: ir.Operation) -> Fn:
 
 
 _HANDLERS["func.call"] = _call
+
+
+@_handles("convolution")
+def _convolution(block: _Block, op: ir.Operation) -> Fn:
+    attrs = op.attributes
+    numbers = hlo.ConvDimensionNumbers(attrs["dimension_numbers"])
+    groups = ir.IntegerAttr(attrs["feature_group_count"]).value
+    if ir.IntegerAttr(attrs["batch_group_count"]).value != 1:
+        raise Unsupported("a convolution with batch groups")
+    if "window_reversal" in attrs and any(ir.DenseBoolArrayAttr(attrs["window_reversal"])):
+        raise Unsupported("a convolution with window reversal")
+    kernel_shape, _ = _tensor(op.operands[1])
+    _, dtype = _result(op)
+    spatial = len(numbers.input_spatial_dimensions)
+
+    def optional(name: str, default: list[int]) -> list[int]:
+        return _ints(attrs[name]) if name in attrs else default
+
+    strides = optional("window_strides", [1] * spatial)
+    lhs_dilation = optional("lhs_dilation", [1] * spatial)
+    rhs_dilation = optional("rhs_dilation", [1] * spatial)
+    flat_padding = optional("padding", [0] * 2 * spatial)
+    padding = list(zip(flat_padding[0::2], flat_padding[1::2], strict=True))
+    to_nchw = [numbers.input_batch_dimension, numbers.input_feature_dimension]
+    to_nchw += list(numbers.input_spatial_dimensions)
+    to_oihw = [numbers.kernel_output_feature_dimension, numbers.kernel_input_feature_dimension]
+    to_oihw += list(numbers.kernel_spatial_dimensions)
+    out_order = [numbers.output_batch_dimension, numbers.output_feature_dimension]
+    out_order += list(numbers.output_spatial_dimensions)
+    from_nchw = list(np.argsort(out_order))
+    window = [kernel_shape[d] for d in numbers.kernel_spatial_dimensions]
+    terms = int(np.prod(window)) * kernel_shape[numbers.kernel_input_feature_dimension]
+
+    def convolution(x: Array, k: Array) -> Array:
+        x = np.asarray(x, dtype).transpose(to_nchw)
+        k = np.asarray(k, dtype).transpose(to_oihw)
+        if dtype.kind == "f":
+            _check_exact(terms, x, k)
+        n, c = x.shape[:2]
+        # lhs dilation, then padding (negative crops): the padded input the window slides on
+        dilated = np.zeros(
+            (
+                n,
+                c,
+                *[
+                    (s - 1) * d + 1 if s else 0
+                    for s, d in zip(x.shape[2:], lhs_dilation, strict=True)
+                ],
+            ),
+            dtype,
+        )
+        dilated[(slice(None), slice(None), *[slice(None, None, d) for d in lhs_dilation])] = x
+        pads = [(0, 0), (0, 0)] + [(max(lo, 0), max(hi, 0)) for lo, hi in padding]
+        padded = np.pad(dilated, pads)
+        crop = [slice(None), slice(None)] + [
+            slice(-min(lo, 0), size - (-min(hi, 0)))
+            for size, (lo, hi) in zip(padded.shape[2:], padding, strict=True)
+        ]
+        padded = padded[tuple(crop)]
+        out_sizes = [
+            max(0, (size - ((w - 1) * d + 1)) // s + 1)
+            for size, w, d, s in zip(padded.shape[2:], window, rhs_dilation, strides, strict=True)
+        ]
+        o = k.shape[0]
+        grouped = padded.reshape(n, groups, c // groups, *padded.shape[2:])
+        kernels = k.reshape(groups, o // groups, k.shape[1], *window)
+        out = np.zeros((n, groups, o // groups, *out_sizes), dtype)
+        for offset in np.ndindex(*window):
+            taps = tuple(
+                slice(i * d, i * d + (size - 1) * s + 1, s)
+                for i, d, s, size in zip(offset, rhs_dilation, strides, out_sizes, strict=True)
+            )
+            inputs = grouped[(slice(None), slice(None), slice(None), *taps)]
+            out += np.einsum("ngc...,goc->ngo...", inputs, kernels[(Ellipsis, *offset)])
+        return out.reshape(n, o, *out_sizes).transpose(from_nchw)
+
+    return convolution

@@ -240,6 +240,7 @@ def _interpreted(
     kept = tuple(exported.module_kept_var_idx)
     expected = [(tuple(t.shape), np.dtype(t.dtype.numpy)) for t in _tensor_types(pfunc.ins_info)]
     where = _where(pfunc)
+    device = runtime.resolved_device() or jax.devices()[0]
     compiled: list[CompiledExport] = []
 
     def call(*args: Any) -> tuple[Any, ...]:
@@ -247,7 +248,9 @@ def _interpreted(
             return compiled[0].call(*args)
         _check_args(where, expected, args)
         try:
-            return interpreted.call(plan, [args[i] for i in kept])
+            outs = interpreted.call(plan, [args[i] for i in kept])
+            with jax.enable_x64(True):  # outputs on the runtime's device, as compiled ones are
+                return tuple(jax.device_put(list(outs), device))
         except interpreted.NotExact as exc:
             log.debug("%s: compiled at its first call (%s)", where, exc)
         compiled.append(_shared_load(pfunc, runtime))

@@ -32,9 +32,16 @@ def stream_view(blocks: jnp.ndarray, offset: Any, count: int, shape: Sequence[in
     """Words of `shape` from a keystream buffer (uint32[blocks, 16]) whose stream starts at
     block `offset` and takes `count` blocks: word j of block b is (word 2j | word 2j+1 << 32),
     blocks in order."""
-    words = lax.dynamic_slice_in_dim(blocks, jnp.asarray(offset, jnp.int32), count, axis=0)
-    wide = words[:, 0::2].astype(jnp.uint64) | (words[:, 1::2].astype(jnp.uint64) << np.uint64(32))
-    return wide.reshape(-1)[: math.prod(shape)].reshape(tuple(shape))
+    # lax, not jnp: a program draws thousands of streams, and jnp's indexing costs 10x to trace
+    start = offset if isinstance(offset, int) else lax.convert_element_type(offset, jnp.int32)
+    words = lax.dynamic_slice_in_dim(blocks, start, count, axis=0)
+    low, high = (
+        lax.convert_element_type(lax.slice(words, (0, k), (count, BLOCK_WORDS), (1, 2)), jnp.uint64)
+        for k in (0, 1)
+    )
+    wide = lax.bitwise_or(low, lax.shift_left(high, np.uint64(32)))
+    flat = lax.reshape(wide, (count * (BLOCK_WORDS // 2),))
+    return lax.reshape(lax.slice(flat, (0,), (math.prod(shape),)), tuple(shape))
 
 
 prf_p = Primitive("mpc_prf")

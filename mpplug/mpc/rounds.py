@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
 
 from mpplug.core import PFunction, TensorType
@@ -390,8 +391,9 @@ class _Randomness:
         if len(self.rows) == 1:
             offset: Any = int(self.offsets[0, i])
         else:
-            row = jnp.clip(_read(env, self.role), 0, len(self.rows) - 1)
-            offset = jnp.asarray(self.offsets[:, i])[row]
+            role = lax.convert_element_type(_read(env, self.role), jnp.int32)
+            row = lax.clamp(np.int32(0), role, np.int32(len(self.rows) - 1))
+            offset = lax.dynamic_index_in_dim(self.offsets[:, i], row, keepdims=False)
         return stream_view(env[BUFFER], offset, self.counts[i], self.shapes[i])
 
 
@@ -417,17 +419,22 @@ def _segment(
         vectors = args[len(direct) :]
         for v, (index, start, size) in source.items():
             if index in slot:
-                env[v] = vectors[slot[index]][start : start + size].reshape(_aval(v).shape)
+                piece = lax.slice_in_dim(vectors[slot[index]], start, start + size)
+                env[v] = lax.reshape(piece, _aval(v).shape)
         if randomness is not None:
             for v in views:
                 env[v] = randomness.view(env, v)
         for eqn in eqns:
             _bind(eqn, env)
         kept = [_read(env, v) for v in keep]
-        out = [jnp.concatenate([jnp.ravel(_read(env, e.invars[0])) for e in m.eqns]) for m in sends]
+        out = [lax.concatenate([_flat(_read(env, e.invars[0])) for e in m.eqns], 0) for m in sends]
         return (*kept, *out)
 
     return segment
+
+
+def _flat(x: Any) -> Any:
+    return lax.reshape(x, (int(np.prod(np.shape(x))),))
 
 
 def _dependencies(eqns: list[JaxprEqn], targets: list[Any]) -> list[JaxprEqn]:
