@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import string
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -111,9 +112,25 @@ class Plan:
         return tuple(env[i] for i in self.results)
 
 
+CONTEXT_USES = 256
+"""Modules a thread parses in one MLIR context before it starts a new one: loading the
+dialects takes more than parsing a round, and a context keeps what it parsed until dropped."""
+
+_contexts = threading.local()
+
+
+def _context() -> ir.Context:
+    found = getattr(_contexts, "context", None)
+    if found is None or _contexts.uses >= CONTEXT_USES:
+        found = _contexts.context = ir.Context()
+        _contexts.uses = 0
+    _contexts.uses += 1
+    return found
+
+
 def plan_serialized(module: bytes) -> Plan:
     """`plan` of a module serialized as `jax.export` stores it (a portable artifact)."""
-    with ir.Context() as context:
+    with _context() as context:
         return plan(mlir.deserialize_portable_artifact(module, context))
 
 
