@@ -404,3 +404,16 @@ def test_a_module_that_would_hold_big_values_in_numpy_is_compiled() -> None:
     plan = interpreted.plan_serialized(summed.mlir_module_serialized)
     with pytest.raises(interpreted.NotExact, match="more terms"):
         interpreted.call(plan, [big])
+
+
+def test_a_function_that_cannot_be_interpreted_is_compiled_once_and_kept_once(
+    empty_cache: None,
+) -> None:
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    pfunc = _pfunction(jnp.exp, x)
+    runtimes = [KernelRuntime(rank=r, world_size=3) for r in range(3)]
+    for runtime in runtimes:
+        jax_exec.prepare_jax_exec(pfunc, runtime)
+        assert not runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest).interpreted
+    assert len(jax_exec._PROCESS_CACHE) == 1 and len(jax_exec._PLANS) == 0
+    np.testing.assert_allclose(mp.invoke(pfunc, x, runtime=runtimes[2])[0], np.exp(x), rtol=1e-6)

@@ -503,8 +503,9 @@ def _shared_first_tier(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExpo
     if found is not None:
         return found
     first = _PLANS.get_or_create(key, lambda: load(pfunc, runtime, interpret=True))
-    if not first.interpreted:  # from the persistent cache, or not interpretable
+    if not first.interpreted:  # from the persistent cache, or not interpretable: kept once
         _PROCESS_CACHE.put(key, first)
+        _PLANS.discard(key)
     return first
 
 

@@ -107,6 +107,12 @@ class LRUCache(Generic[K, V]):
             self._data.move_to_end(key)
             return self._data[key]
 
+    def discard(self, key: K) -> None:
+        """Drop `key` if cached (without `on_evict`: the caller knows)."""
+        with self._lock:
+            if self._data.pop(key, None) is not None:
+                self.weight -= self._weights.pop(key, 0)
+
     def values(self) -> list[V]:
         """The cached values, least recently used first (a snapshot)."""
         with self._lock:
