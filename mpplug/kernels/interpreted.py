@@ -340,7 +340,9 @@ def _elementwise(block: _Block, op: ir.Operation) -> Fn:
         raise Unsupported(f"{name} on {dtype}")
     if name in ("and", "or", "xor", "not") and is_float:
         raise Unsupported(f"{name} on {dtype}")
-    return _typed(_ELEMENTWISE[name], dtype)
+    fn = _ELEMENTWISE[name]
+    # numpy keeps the operands' dtype for all of these but popcnt (uint8): no wrapper per call
+    return _typed(fn, dtype) if name == "popcnt" else fn
 
 
 @_handles("shift_right_logical", "shift_right_arithmetic")
@@ -799,7 +801,9 @@ def _gather(block: _Block, op: ir.Operation) -> Fn:
 
 def _call(block: _Block, op: ir.Operation) -> Fn:
     callee = block.planner.function(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
-    return lambda *xs: callee(*xs) if len(callee.results) != 1 else callee(*xs)[0]
+    if len(callee.results) == 1:  # its one result fills one slot
+        return lambda *xs: callee(*xs)[0]
+    return callee
 
 
 _HANDLERS["func.call"] = _call
