@@ -502,7 +502,12 @@ def _shared_first_tier(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExpo
     found = _PROCESS_CACHE.get(key)
     if found is not None:
         return found
-    first = _PLANS.get_or_create(key, lambda: load(pfunc, runtime, interpret=True))
+
+    def make() -> CompiledExport:  # another runtime may have moved it there meanwhile
+        found = _PROCESS_CACHE.get(key)
+        return found if found is not None else load(pfunc, runtime, interpret=True)
+
+    first = _PLANS.get_or_create(key, make)
     if not first.interpreted:  # from the persistent cache, or not interpretable: kept once
         _PROCESS_CACHE.put(key, first)
         _PLANS.discard(key)
