@@ -29,7 +29,7 @@ from mpplug.mpc.interpreter import Interpreter, Secret, is_float
 from mpplug.mpc.loops import Looping
 from mpplug.mpc.protocol import TRUNCATIONS, Context, Protocol
 from mpplug.mpc.recording import Recording
-from mpplug.mpc.rounds import record_rounds
+from mpplug.mpc.rounds import emitting, record_rounds
 from mpplug.mpc.sealed import Sealed
 
 DEFAULT_FRAC_BITS = 18
@@ -267,6 +267,7 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         state.stream,
         name,
         [(v.shape, v.dtype.numpy.str) for v in context],
+        emitting(),
     )
     key = trace_cache.trace_key(closed, inputs, settings)
     recording = trace_cache.load(key)

@@ -28,20 +28,22 @@ def blocks_for(shape: Sequence[int]) -> int:
     return max(1, -(-math.prod(shape) // (BLOCK_WORDS // 2)))
 
 
-def stream_view(blocks: jnp.ndarray, offset: Any, count: int, shape: Sequence[int]) -> jnp.ndarray:
+def stream_view(
+    blocks: jnp.ndarray, offset: Any, count: int, shape: Sequence[int], ops: Any = lax
+) -> jnp.ndarray:
     """Words of `shape` from a keystream buffer (uint32[blocks, 16]) whose stream starts at
     block `offset` and takes `count` blocks: word j of block b is (word 2j | word 2j+1 << 32),
-    blocks in order."""
+    blocks in order. `ops` makes the calls: `lax`, or what stands in for it (`emit`)."""
     # lax, not jnp: a program draws thousands of streams, and jnp's indexing costs 10x to trace
-    start = offset if isinstance(offset, int) else lax.convert_element_type(offset, jnp.int32)
-    words = lax.dynamic_slice_in_dim(blocks, start, count, axis=0)
+    start = offset if isinstance(offset, int) else ops.convert_element_type(offset, jnp.int32)
+    words = ops.dynamic_slice_in_dim(blocks, start, count, axis=0)
     low, high = (
-        lax.convert_element_type(lax.slice(words, (0, k), (count, BLOCK_WORDS), (1, 2)), jnp.uint64)
+        ops.convert_element_type(ops.slice(words, (0, k), (count, BLOCK_WORDS), (1, 2)), jnp.uint64)
         for k in (0, 1)
     )
-    wide = lax.bitwise_or(low, lax.shift_left(high, np.uint64(32)))
-    flat = lax.reshape(wide, (count * (BLOCK_WORDS // 2),))
-    return lax.reshape(lax.slice(flat, (0,), (math.prod(shape),)), tuple(shape))
+    wide = ops.bitwise_or(low, ops.shift_left(high, np.uint64(32)))
+    flat = ops.reshape(wide, (count * (BLOCK_WORDS // 2),))
+    return ops.reshape(ops.slice(flat, (0,), (math.prod(shape),)), tuple(shape))
 
 
 prf_p = Primitive("mpc_prf")

@@ -11,8 +11,10 @@ share program (`loop`, made by `loops`) stands between two rounds, like a messag
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +27,11 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Va
 from mpplug.core import PFunction, TensorType
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels.keystream import keystream_pfunction, stream_offsets
+from mpplug.mpc import emit
 from mpplug.mpc.prf import blocks_for, prf_p, stream_view
 from mpplug.mpc.recording import Recording
+
+log = logging.getLogger(__name__)
 
 exchange_p = Primitive("mpc_exchange")
 """`exchange(x, sources=(s0, s1, s2), tag=...)`: role d receives the value role s_d holds
@@ -274,11 +279,9 @@ def record_rounds(
             )
             args = [held[v] for v in direct] + [packed[m] for m in messages]
             tags = "+".join(m.tag for _, m in sends) or "out"
-            segment.__name__ = f"mpc.{name}.{tags}"
-            with jax.enable_x64(True):
-                pfunc, _, _ = jax_export(
-                    segment, *(types[a] for a in args), platforms=platforms, disk=False
-                )
+            pfunc = _round_function(
+                segment, f"mpc.{name}.{tags}", [types[a] for a in args], platforms
+            )
             results = recording.call(pfunc, args)
             types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in tensor_outs(pfunc)]
             held.update(zip(keep, results, strict=False))
@@ -386,15 +389,67 @@ class _Randomness:
         types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
         return buffer
 
-    def view(self, env: dict[Any, Any], v: Var) -> Any:
+    def view(self, env: dict[Any, Any], v: Var, ops: Any) -> Any:
         i = self.index[v]
         if len(self.rows) == 1:
             offset: Any = int(self.offsets[0, i])
         else:
-            role = lax.convert_element_type(_read(env, self.role), jnp.int32)
-            row = lax.clamp(np.int32(0), role, np.int32(len(self.rows) - 1))
-            offset = lax.dynamic_index_in_dim(self.offsets[:, i], row, keepdims=False)
-        return stream_view(env[BUFFER], offset, self.counts[i], self.shapes[i])
+            role = ops.convert_element_type(_read(env, self.role), jnp.int32)
+            row = ops.clamp(np.int32(0), role, np.int32(len(self.rows) - 1))
+            offset = ops.dynamic_index_in_dim(self.offsets[:, i], row, keepdims=False)
+        return stream_view(env[BUFFER], offset, self.counts[i], self.shapes[i], ops)
+
+
+def _round_function(
+    segment: Callable[..., tuple[Any, ...]],
+    name: str,
+    inputs: list[jax.ShapeDtypeStruct],
+    platforms: Sequence[str] | None,
+) -> PFunction:
+    """A round's PFunction: written straight from its equations where `emit` writes each
+    of them (no retrace, no lowering), else exported by `jax.export`."""
+    if emitting():
+        try:
+            return emit.round_function(name, inputs, segment, platforms)
+        except emit.Unemittable as exc:
+            log.debug("%s: exported by jax.export (%s)", name, exc)
+
+    def traced(*args: Any) -> tuple[Any, ...]:
+        return segment(LAX, *args)
+
+    traced.__name__ = name
+    with jax.enable_x64(True):
+        pfunc, _, _ = jax_export(traced, *inputs, platforms=platforms, disk=False)
+    return pfunc
+
+
+def emitting() -> bool:
+    """Whether rounds are written by `emit` (`MPPLUG_EMIT=0`: every round is exported by
+    `jax.export`, to compare the two)."""
+    return os.environ.get("MPPLUG_EMIT", "1") != "0"
+
+
+class LAX:
+    """The calls a round's glue makes, as `lax` (traced by JAX); `emit.Builder` has the same."""
+
+    slice = staticmethod(lax.slice)
+    slice_in_dim = staticmethod(lax.slice_in_dim)
+    reshape = staticmethod(lax.reshape)
+    concatenate = staticmethod(lax.concatenate)
+    convert_element_type = staticmethod(lax.convert_element_type)
+    clamp = staticmethod(lax.clamp)
+    dynamic_index_in_dim = staticmethod(lax.dynamic_index_in_dim)
+    dynamic_slice_in_dim = staticmethod(lax.dynamic_slice_in_dim)
+    bitwise_or = staticmethod(lax.bitwise_or)
+    shift_left = staticmethod(lax.shift_left)
+
+    @staticmethod
+    def flat(x: Any) -> Any:
+        return lax.reshape(x, (int(np.prod(np.shape(x))),))
+
+    @staticmethod
+    def bind(eqn: JaxprEqn, env: dict[Any, Any]) -> None:
+        _bind(eqn, env)
 
 
 def _segment(
@@ -408,33 +463,32 @@ def _segment(
     randomness: _Randomness | None,
     views: list[Var],
 ) -> Any:
-    """The local work of one round as a plain function: (held values, received vectors) ->
-    (values kept for later rounds, one packed vector per message sent); `views` are the PRF
-    streams it reads from the keystream buffer."""
+    """The local work of one round as a function of the calls `ops` makes (`LAX` or an
+    `emit.Builder`): (held values, received vectors) -> (values kept for later rounds, one
+    packed vector per message sent); `views` are the PRF streams it reads from the
+    keystream buffer."""
     slot = {m: i for i, m in enumerate(messages)}
 
-    def segment(*args: Any) -> tuple[Any, ...]:
+    def segment(ops: Any, *args: Any) -> tuple[Any, ...]:
         env: dict[Any, Any] = dict(consts)
         env.update(zip(direct, args, strict=False))
         vectors = args[len(direct) :]
         for v, (index, start, size) in source.items():
             if index in slot:
-                piece = lax.slice_in_dim(vectors[slot[index]], start, start + size)
-                env[v] = lax.reshape(piece, _aval(v).shape)
+                piece = ops.slice_in_dim(vectors[slot[index]], start, start + size)
+                env[v] = ops.reshape(piece, _aval(v).shape)
         if randomness is not None:
             for v in views:
-                env[v] = randomness.view(env, v)
+                env[v] = randomness.view(env, v, ops)
         for eqn in eqns:
-            _bind(eqn, env)
+            ops.bind(eqn, env)
         kept = [_read(env, v) for v in keep]
-        out = [lax.concatenate([_flat(_read(env, e.invars[0])) for e in m.eqns], 0) for m in sends]
+        out = [
+            ops.concatenate([ops.flat(_read(env, e.invars[0])) for e in m.eqns], 0) for m in sends
+        ]
         return (*kept, *out)
 
     return segment
-
-
-def _flat(x: Any) -> Any:
-    return lax.reshape(x, (int(np.prod(np.shape(x))),))
 
 
 def _dependencies(eqns: list[JaxprEqn], targets: list[Any]) -> list[JaxprEqn]:

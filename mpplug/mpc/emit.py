@@ -1,0 +1,641 @@
+"""A share program's round as a `jax.exec` PFunction written straight from its equations:
+StableHLO text, op for op what JAX's lowering rule gives, with no retrace and no lowering.
+
+The primitives share programs are made of (ring arithmetic, bits, compares, selects, slices,
+reshapes, integer dots, reductions) emit here; an equation with any other primitive or
+parameter raises `Unemittable`, and the caller exports that round with `jax.export` instead.
+The artifact is what `jax.export` makes of a function: a portable StableHLO module inside a
+serialized `Exported`, every input kept, for one platform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax import export as jax_export
+from jax import lax
+from jax.extend.core import JaxprEqn, Literal, Var
+from jax.extend.mlir.dialects import stablehlo as hlo
+
+from mpplug.core import PFunction, TensorType
+from mpplug.kernels import jax_exec
+
+ELEMENT_TYPES: dict[np.dtype, str] = {
+    np.dtype(np.bool_): "i1",
+    **{np.dtype(f"int{b}"): f"i{b}" for b in (8, 16, 32, 64)},
+    **{np.dtype(f"uint{b}"): f"ui{b}" for b in (8, 16, 32, 64)},
+    np.dtype(np.float32): "f32",
+    np.dtype(np.float64): "f64",
+}
+
+
+class Unemittable(Exception):
+    """An equation this module does not write: the round is exported by `jax.export`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """An SSA value of the function being written."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def type(self) -> str:
+        return tensor_type(self.shape, self.dtype)
+
+
+def tensor_type(shape: Sequence[int], dtype: Any) -> str:
+    element = ELEMENT_TYPES.get(np.dtype(dtype))
+    if element is None:
+        raise Unemittable(f"element type {dtype}")
+    return "tensor<" + "".join(f"{d}x" for d in shape) + element + ">"
+
+
+def _i64s(values: Sequence[int]) -> str:
+    return "array<i64" + (": " + ", ".join(str(int(v)) for v in values) if values else "") + ">"
+
+
+def _dense(array: np.ndarray) -> str:
+    if array.size == 0:
+        raise Unemittable("an empty constant")
+    flat = array.ravel()
+    if array.dtype == np.bool_:
+        if (flat == flat[0]).all():
+            return "dense<true>" if flat[0] else "dense<false>"
+        return (
+            "dense<" + str(array.tolist()).replace("True", "true").replace("False", "false") + ">"
+        )
+    bits = flat.view(f"u{flat.dtype.itemsize}")
+    data = flat[:1] if (bits == bits[0]).all() else flat  # one element: a splat
+    raw = np.ascontiguousarray(data).astype(data.dtype.newbyteorder("<")).tobytes()
+    return f'dense<"0x{raw.hex().upper()}">'
+
+
+class Builder:
+    """Writes one `main` function; the methods mirror the `lax` calls a round's glue makes,
+    so the same code drives JAX's tracer or this builder."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.params: list[Value] = []
+        self.count = 0
+        self.constants: dict[tuple[Any, ...], Value] = {}
+
+    # -- values
+
+    def arg(self, shape: Sequence[int], dtype: Any) -> Value:
+        value = Value(f"%arg{len(self.params)}", tuple(shape), np.dtype(dtype))
+        value.type  # noqa: B018 - raises Unemittable for an element type not written here
+        self.params.append(value)
+        return value
+
+    def value(self, x: Any, dtype: Any = None) -> Value:
+        """`x` as a value: itself, or a constant (of `dtype`, where given)."""
+        if isinstance(x, Value):
+            return x
+        array = np.asarray(x, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        found = self.constants.get(key)
+        if found is None:
+            found = self.constants[key] = self.op(
+                "constant",
+                [],
+                array.shape,
+                array.dtype,
+                f"value = {_dense(array)} : {tensor_type(array.shape, array.dtype)}",
+            )
+        return found
+
+    def op(
+        self,
+        kind: str,
+        operands: Sequence[Value],
+        shape: Sequence[int],
+        dtype: Any,
+        properties: str = "",
+    ) -> Value:
+        out = Value(self.name(), tuple(shape), np.dtype(dtype))
+        names = ", ".join(v.name for v in operands)
+        types = ", ".join(v.type for v in operands)
+        props = f" <{{{properties}}}>" if properties else ""
+        self.lines.append(
+            f'    {out.name} = "stablehlo.{kind}"({names}){props} : ({types}) -> {out.type}'
+        )
+        return out
+
+    def name(self) -> str:
+        """A fresh SSA name."""
+        self.count += 1
+        return f"%{self.count}"
+
+    # -- what a round's glue calls (as `lax` does)
+
+    def reshape(self, x: Any, shape: Sequence[int]) -> Value:
+        x = self.value(x)
+        return x if x.shape == tuple(shape) else self.op("reshape", [x], shape, x.dtype)
+
+    def flat(self, x: Any) -> Value:
+        x = self.value(x)
+        return self.reshape(x, (int(np.prod(x.shape)),))
+
+    def slice(
+        self,
+        x: Any,
+        start: Sequence[int],
+        limit: Sequence[int],
+        strides: Sequence[int] | None = None,
+    ) -> Value:
+        x = self.value(x)
+        steps = tuple(strides) if strides is not None else (1,) * len(start)
+        shape = [-(-(hi - lo) // s) for lo, hi, s in zip(start, limit, steps, strict=True)]
+        props = (
+            f"start_indices = {_i64s(start)}, limit_indices = {_i64s(limit)}, "
+            f"strides = {_i64s(steps)}"
+        )
+        return self.op("slice", [x], shape, x.dtype, props)
+
+    def slice_in_dim(self, x: Any, start: int, limit: int) -> Value:
+        x = self.value(x)
+        starts, limits = [0] * len(x.shape), list(x.shape)
+        starts[0], limits[0] = start, limit
+        return self.slice(x, starts, limits)
+
+    def concatenate(self, xs: Sequence[Any], dimension: int) -> Value:
+        values = [self.value(x) for x in xs]
+        if len(values) == 1:
+            return values[0]
+        shape = list(values[0].shape)
+        shape[dimension] = sum(v.shape[dimension] for v in values)
+        return self.op(
+            "concatenate", values, shape, values[0].dtype, f"dimension = {dimension} : i64"
+        )
+
+    def convert_element_type(self, x: Any, dtype: Any) -> Value:
+        x = self.value(x)
+        dtype = np.dtype(dtype)
+        if dtype == np.bool_ and x.dtype != np.bool_:
+            zero = self.value(np.zeros(x.shape, x.dtype))
+            return self.compare(x, zero, "NE")
+        return x if dtype == x.dtype else self.op("convert", [x], x.shape, dtype)
+
+    def clamp(self, low: Any, x: Any, high: Any) -> Value:
+        x = self.value(x)
+        operands = [self._broadcast(self.value(v, x.dtype), x.shape) for v in (low, x, high)]
+        return self.op("clamp", operands, x.shape, x.dtype)
+
+    def dynamic_slice(self, x: Any, starts: Sequence[Any], sizes: Sequence[int]) -> Value:
+        x = self.value(x)
+        indices = [self.value(s, np.int32) for s in starts]
+        return self.op(
+            "dynamic_slice", [x, *indices], sizes, x.dtype, f"slice_sizes = {_i64s(sizes)}"
+        )
+
+    def dynamic_slice_in_dim(self, x: Any, start: Any, size: int, axis: int = 0) -> Value:
+        x = self.value(x)
+        if isinstance(start, int):
+            begin, end = [0] * len(x.shape), list(x.shape)
+            begin[axis], end[axis] = start, start + size
+            return self.slice(x, begin, end)
+        starts: list[Any] = [np.int32(0)] * len(x.shape)
+        starts[axis] = start
+        sizes = list(x.shape)
+        sizes[axis] = size
+        return self.dynamic_slice(x, starts, sizes)
+
+    def dynamic_index_in_dim(self, x: Any, index: Any, keepdims: bool = True) -> Value:
+        x = self.value(x)
+        picked = self.dynamic_slice_in_dim(x, index, 1, 0)
+        return picked if keepdims else self.reshape(picked, x.shape[1:])
+
+    def bitwise_or(self, x: Any, y: Any) -> Value:
+        return self._elementwise("or", [x, y])
+
+    def shift_left(self, x: Any, y: Any) -> Value:
+        return self._elementwise("shift_left", [x, y])
+
+    def compare(self, x: Value, y: Value, direction: str) -> Value:
+        if np.issubdtype(x.dtype, np.floating):
+            kind = "FLOAT"
+        elif np.issubdtype(x.dtype, np.signedinteger):
+            kind = "SIGNED"
+        else:
+            kind = "UNSIGNED"
+        props = (
+            f"comparison_direction = #stablehlo<comparison_direction {direction}>, "
+            f"compare_type = #stablehlo<comparison_type {kind}>"
+        )
+        return self.op("compare", [x, y], x.shape, np.bool_, props)
+
+    # -- equations
+
+    def bind(self, eqn: JaxprEqn, env: dict[Any, Any]) -> None:
+        """Write `eqn` on the values of its inputs in `env`, and bind its outputs there."""
+        rule = _RULES.get(eqn.primitive.name)
+        if rule is None:
+            raise Unemittable(f"primitive {eqn.primitive.name}")
+        ins = [self._read(env, v) for v in eqn.invars]
+        outs = rule(self, eqn, ins, env)
+        for v, out in zip(eqn.outvars, outs, strict=True):
+            if isinstance(v, Var) and not isinstance(v, Literal):
+                env[v] = out
+
+    def _read(self, env: dict[Any, Any], v: Any) -> Value:
+        if isinstance(v, Literal):
+            return self.value(np.asarray(v.val, dtype=v.aval.dtype))  # type: ignore[attr-defined]
+        x = env[v]
+        return x if isinstance(x, Value) else self.value(np.asarray(x, dtype=v.aval.dtype))
+
+    def _broadcast(self, x: Value, shape: tuple[int, ...]) -> Value:
+        if x.shape == shape:
+            return x
+        dims = list(range(len(shape) - len(x.shape), len(shape)))
+        return self.op(
+            "broadcast_in_dim", [x], shape, x.dtype, f"broadcast_dimensions = {_i64s(dims)}"
+        )
+
+    def _elementwise(self, kind: str, operands: Sequence[Any], dtype: Any = None) -> Value:
+        values = [self.value(v) for v in operands]
+        shape = max((v.shape for v in values), key=len)
+        values = [self._broadcast(v, shape) for v in values]
+        return self.op(kind, values, shape, values[0].dtype if dtype is None else dtype)
+
+    # -- the module
+
+    def text(self, results: Sequence[Any]) -> str:
+        outs = [self.value(r) for r in results]
+        params = ", ".join(f"{p.name}: {p.type}" for p in self.params)
+        types = ", ".join(o.type for o in outs)
+        names = ", ".join(o.name for o in outs)
+        return "\n".join(
+            [
+                "module @round attributes {jax.uses_shape_polymorphism = false, "
+                "mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {",
+                f"  func.func public @main({params}) -> ({types}) {{",
+                *self.lines,
+                f'    "func.return"({names}) : ({types}) -> ()',
+                "  }",
+                "}",
+            ]
+        )
+
+
+Rule = Callable[[Builder, JaxprEqn, list[Value], dict[Any, Any]], list[Value]]
+
+
+def _aval(eqn: JaxprEqn, i: int = 0) -> tuple[tuple[int, ...], np.dtype]:
+    aval: Any = eqn.outvars[i].aval
+    return tuple(aval.shape), np.dtype(aval.dtype)
+
+
+def _no(eqn: JaxprEqn, *names: str) -> None:
+    """Raise Unemittable unless each of `names` is absent or None among the params."""
+    for name in names:
+        if eqn.params.get(name) is not None:
+            raise Unemittable(f"{eqn.primitive.name} with {name}={eqn.params[name]}")
+
+
+def _elementwise(kind: str) -> Rule:
+    def rule(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+        _no(eqn, "out_dtype", "accuracy")
+        shape, dtype = _aval(eqn)
+        return [b.op(kind, [b._broadcast(x, shape) for x in ins], shape, dtype)]
+
+    return rule
+
+
+def _compare(direction: str) -> Rule:
+    def rule(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+        shape, _ = _aval(eqn)
+        x, y = (b._broadcast(v, shape) for v in ins)
+        return [b.compare(x, y, direction)]
+
+    return rule
+
+
+def _select_n(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    which, *cases = ins
+    shape, dtype = _aval(eqn)
+    if which.dtype == np.bool_:
+        if len(cases) == 1:
+            return cases
+        return [b.op("select", [which, cases[1], cases[0]], shape, dtype)]
+
+    def pick(offset: int, cases: list[Value]) -> Value:  # as JAX: a tree of compares
+        if len(cases) == 1:
+            return cases[0]
+        mid = len(cases) // 2
+        bound = b.value(np.full(which.shape, offset + mid, which.dtype))
+        low = b.compare(which, bound, "LT")
+        return b.op(
+            "select",
+            [low, pick(offset, cases[:mid]), pick(offset + mid, cases[mid:])],
+            shape,
+            dtype,
+        )
+
+    return [pick(0, cases)]
+
+
+def _convert(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    _no(eqn, "sharding")
+    return [b.convert_element_type(ins[0], eqn.params["new_dtype"])]
+
+
+def _reshape(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    _no(eqn, "dimensions", "sharding")
+    shape, dtype = _aval(eqn)
+    return [b.op("reshape", ins, shape, dtype)]
+
+
+def _broadcast_in_dim(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    _no(eqn, "sharding")
+    shape, dtype = _aval(eqn)
+    dims = _i64s(eqn.params["broadcast_dimensions"])
+    return [b.op("broadcast_in_dim", ins, shape, dtype, f"broadcast_dimensions = {dims}")]
+
+
+def _slice(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    p = eqn.params
+    return [b.slice(ins[0], p["start_indices"], p["limit_indices"], p["strides"])]
+
+
+def _dynamic_slice(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    x, *starts = ins
+    return [b.dynamic_slice(x, starts, eqn.params["slice_sizes"])]
+
+
+def _dynamic_update_slice(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    shape, dtype = _aval(eqn)
+    return [b.op("dynamic_update_slice", ins, shape, dtype)]
+
+
+def _concatenate(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    shape, dtype = _aval(eqn)
+    dim = eqn.params["dimension"]
+    return [b.op("concatenate", ins, shape, dtype, f"dimension = {dim} : i64")]
+
+
+def _stack(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    axis = eqn.params["axis"]
+    shape = list(ins[0].shape)
+    shape.insert(axis, 1)
+    dims = _i64s([i for i in range(len(shape)) if i != axis])
+    expanded = [
+        b.op("broadcast_in_dim", [x], shape, x.dtype, f"broadcast_dimensions = {dims}") for x in ins
+    ]
+    return [b.concatenate(expanded, axis)]
+
+
+def _transpose(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    shape, dtype = _aval(eqn)
+    perm = _i64s(eqn.params["permutation"])
+    return [b.op("transpose", ins, shape, dtype, f"permutation = {perm}")]
+
+
+def _rev(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    shape, dtype = _aval(eqn)
+    return [b.op("reverse", ins, shape, dtype, f"dimensions = {_i64s(eqn.params['dimensions'])}")]
+
+
+def _iota(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    _no(eqn, "sharding")
+    shape, dtype = _aval(eqn)
+    return [b.op("iota", [], shape, dtype, f"iota_dimension = {eqn.params['dimension']} : i64")]
+
+
+def _pad(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    shape, dtype = _aval(eqn)
+    low, high, interior = zip(*eqn.params["padding_config"], strict=True)
+    props = (
+        f"edge_padding_low = {_i64s(low)}, edge_padding_high = {_i64s(high)}, "
+        f"interior_padding = {_i64s(interior)}"
+    )
+    return [b.op("pad", ins, shape, dtype, props)]
+
+
+def _round(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    method = eqn.params["rounding_method"]
+    kind = "round_nearest_afz" if int(method) == 0 else "round_nearest_even"
+    return [b.op(kind, ins, *_aval(eqn))]
+
+
+def _reduce_init(kind: str, dtype: np.dtype) -> np.ndarray:
+    """The identity of a reduction, as JAX's lowering picks it."""
+    if kind in ("add", "or", "xor"):
+        return np.zeros((), dtype)
+    if kind == "and":
+        return ~np.zeros((), dtype)
+    high = kind == "minimum"
+    if np.issubdtype(dtype, np.floating):
+        return np.array(np.inf if high else -np.inf, dtype)
+    if dtype == np.bool_:
+        return np.array(high)
+    info = np.iinfo(dtype)
+    return np.array(info.max if high else info.min, dtype)
+
+
+def _reduce(kind: str) -> Rule:
+    def rule(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+        _no(eqn, "out_sharding")
+        (x,) = ins
+        shape, dtype = _aval(eqn)
+        init = b.value(_reduce_init(kind, x.dtype))
+        scalar = tensor_type((), x.dtype)
+        lhs, rhs, total = b.name(), b.name(), b.name()
+        out = Value(b.name(), shape, dtype)
+        axes = _i64s(eqn.params["axes"])
+        b.lines += [
+            f'    {out.name} = "stablehlo.reduce"({x.name}, {init.name}) '
+            f"<{{dimensions = {axes}}}> ({{",
+            f"    ^bb0({lhs}: {scalar}, {rhs}: {scalar}):",
+            f'      {total} = "stablehlo.{kind}"({lhs}, {rhs}) : ({scalar}, {scalar}) -> {scalar}',
+            f'      "stablehlo.return"({total}) : ({scalar}) -> ()',
+            f"    }}) : ({x.type}, {init.type}) -> {out.type}",
+        ]
+        return [out]
+
+    return rule
+
+
+def _dot_general(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    _no(eqn, "out_sharding")
+    shape, dtype = _aval(eqn)
+    preferred = eqn.params.get("preferred_element_type")
+    if dtype == np.bool_ or any(x.dtype != dtype for x in ins):
+        raise Unemittable(f"dot_general of {[x.dtype for x in ins]} to {dtype}")
+    if preferred is not None and np.dtype(preferred) != dtype:
+        raise Unemittable(f"dot_general accumulating in {preferred}")
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    fields = [
+        f"{name} = [{', '.join(map(str, dims))}]"
+        for name, dims in (
+            ("lhs_batching_dimensions", lb),
+            ("rhs_batching_dimensions", rb),
+            ("lhs_contracting_dimensions", lc),
+            ("rhs_contracting_dimensions", rc),
+        )
+        if dims
+    ]
+    props = f"dot_dimension_numbers = #stablehlo.dot<{', '.join(fields)}>"
+    precision = eqn.params.get("precision")
+    if precision is not None:  # as JAX writes it, on every platform
+        if not isinstance(precision, tuple) or any(
+            not isinstance(p, lax.Precision) for p in precision
+        ):
+            raise Unemittable(f"dot_general with precision={precision}")
+        names = ", ".join(f"#stablehlo<precision {p.name}>" for p in precision)
+        props += f", precision_config = [{names}]"
+    return [b.op("dot_general", ins, shape, dtype, props)]
+
+
+def _inline(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    closed = eqn.params["jaxpr"]
+    inner: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
+    inner.update(zip(closed.jaxpr.invars, ins, strict=True))
+    for e in closed.jaxpr.eqns:
+        b.bind(e, inner)
+    return [b._read(inner, v) for v in closed.jaxpr.outvars]
+
+
+def _copy(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    return ins
+
+
+_RULES: dict[str, Rule] = {
+    **{
+        name: _elementwise(kind)
+        for name, kind in {
+            "add": "add",
+            "add_any": "add",
+            "sub": "subtract",
+            "mul": "multiply",
+            "div": "divide",
+            "rem": "remainder",
+            "and": "and",
+            "or": "or",
+            "xor": "xor",
+            "not": "not",
+            "neg": "negate",
+            "max": "maximum",
+            "min": "minimum",
+            "shift_left": "shift_left",
+            "shift_right_logical": "shift_right_logical",
+            "shift_right_arithmetic": "shift_right_arithmetic",
+            "population_count": "popcnt",
+            "floor": "floor",
+            "ceil": "ceil",
+            "clamp": "clamp",
+        }.items()
+    },
+    **{name: _compare(name.upper()) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{
+        f"reduce_{name}": _reduce(kind)
+        for name, kind in {
+            "sum": "add",
+            "max": "maximum",
+            "min": "minimum",
+            "and": "and",
+            "or": "or",
+            "xor": "xor",
+        }.items()
+    },
+    "select_n": _select_n,
+    "convert_element_type": _convert,
+    "bitcast_convert_type": lambda b, e, ins, env: [b.op("bitcast_convert", ins, *_aval(e))],
+    "reshape": _reshape,
+    "squeeze": lambda b, e, ins, env: [b.reshape(ins[0], _aval(e)[0])],
+    "broadcast_in_dim": _broadcast_in_dim,
+    "slice": _slice,
+    "dynamic_slice": _dynamic_slice,
+    "dynamic_update_slice": _dynamic_update_slice,
+    "concatenate": _concatenate,
+    "stack": _stack,
+    "transpose": _transpose,
+    "rev": _rev,
+    "iota": _iota,
+    "pad": _pad,
+    "round": _round,
+    "dot_general": _dot_general,
+    "jit": _inline,
+    "pjit": _inline,
+    "copy": _copy,
+    "copy_p": _copy,
+}
+
+
+# -- the artifact
+
+
+@functools.cache
+def _target_version() -> str:
+    return str(
+        hlo.get_version_from_compatibility_requirement(hlo.StablehloCompatibilityRequirement.WEEK_4)
+    )
+
+
+@functools.cache
+def _template(platform: str) -> jax_export.Exported:
+    """An export of this JAX for `platform`, whose fields the emitted artifacts share."""
+    spec = jax.ShapeDtypeStruct((1,), np.uint32)
+    return jax_export.export(jax.jit(lambda x: x), platforms=(platform,))(spec)
+
+
+def round_function(
+    name: str,
+    inputs: Sequence[jax.ShapeDtypeStruct],
+    body: Callable[..., Sequence[Any]],
+    platforms: Sequence[str] | None,
+) -> PFunction:
+    """The PFunction of `body(builder, *inputs)` (which returns its results), written by a
+    `Builder`; raises Unemittable where the body meets what it does not write."""
+    if platforms is not None and len(platforms) != 1:
+        raise Unemittable("several platforms")
+    platform = platforms[0] if platforms else jax.default_backend()
+    builder = Builder()
+    args = [builder.arg(s.shape, s.dtype) for s in inputs]
+    results = [builder.value(r) for r in body(builder, *args)]
+    try:
+        module = hlo.serialize_portable_artifact_str(builder.text(results), _target_version())
+    except Exception as exc:  # a module the parser refuses: JAX's export writes it instead
+        raise Unemittable(f"the module does not parse: {exc}") from None
+    in_avals = tuple(jax.core.ShapedArray(s.shape, s.dtype) for s in inputs)
+    out_avals = tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in results)
+    n, m = len(in_avals), len(out_avals)
+    exported = dataclasses.replace(
+        _template(platform),
+        fun_name=name,
+        in_tree=jax.tree.structure((tuple(range(n)), {})),
+        in_avals=in_avals,
+        out_tree=jax.tree.structure(tuple(range(m))),
+        out_avals=out_avals,
+        _in_named_shardings=(None,) * n,
+        _out_named_shardings=(None,) * m,
+        in_shardings_hlo=(None,) * n,
+        out_shardings_hlo=(None,) * m,
+        module_kept_var_idx=tuple(range(n)),
+        mlir_module_serialized=module,
+        _get_vjp=None,
+    )
+    attrs = {
+        jax_exec.ATTR_JAX_VERSION: jax.__version__,
+        jax_exec.ATTR_CALLING_CONVENTION: exported.calling_convention_version,
+        jax_exec.ATTR_PLATFORMS: tuple(exported.platforms),
+        jax_exec.ATTR_KEPT_INPUTS: tuple(range(n)),
+        jax_exec.ATTR_X64: True,
+    }
+    return PFunction(
+        jax_exec.FN_TYPE,
+        name,
+        bytes(exported.serialize()),
+        tuple(TensorType(a.dtype, a.shape) for a in in_avals),
+        tuple(TensorType(a.dtype, a.shape) for a in out_avals),
+        attrs,
+    )

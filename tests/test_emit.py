@@ -1,0 +1,310 @@
+"""Rounds written straight from their equations (`mpplug.mpc.emit`): bit for bit what the same
+function gives exported by `jax.export`, op by op at the edges; refusals (`Unemittable`) for
+what it does not write; and every round of a secure program against its `jax.export` twin.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import mpplug as mp
+from mpplug.frontend.jax_export import jax_export
+from mpplug.kernels import interpreted, jax_exec
+from mpplug.mpc import emit, rounds
+
+RNG = np.random.default_rng(11)
+INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _edges(dtype: Any, shape: tuple[int, ...] = (4, 16)) -> np.ndarray:
+    """Random values of `shape` with the dtype's extremes, 0, 1 (and -1, NaN, ±inf, ±0)."""
+    dtype, n = np.dtype(dtype), int(np.prod(shape))
+    if dtype == np.bool_:
+        return RNG.integers(0, 2, shape).astype(bool)
+    if dtype.kind == "f":
+        special = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, np.inf, -np.inf, np.nan, 1e30]
+        values = np.concatenate([special, RNG.standard_normal(n) * 1e3])[:n]
+    else:
+        info = np.iinfo(dtype)
+        special = np.array([info.min, info.max, 0, 1, *([-1] if info.min < 0 else [])], dtype)
+        drawn = RNG.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        values = np.concatenate([special, drawn])
+    return values[:n].astype(dtype).reshape(shape)
+
+
+def _emitted(fn: Callable[..., Any], *args: np.ndarray) -> Any:
+    """`fn`'s jaxpr written by an `emit.Builder`, as a deserialized artifact."""
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    with jax.enable_x64(True):
+        closed = jax.make_jaxpr(fn)(*specs)
+
+    def body(builder: emit.Builder, *values: emit.Value) -> list[emit.Value]:
+        env: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
+        env.update(zip(closed.jaxpr.invars, values, strict=True))
+        for eqn in closed.jaxpr.eqns:
+            builder.bind(eqn, env)
+        return [builder._read(env, v) for v in closed.jaxpr.outvars]
+
+    pfunc = emit.round_function("test", specs, body, ("cpu",))
+    return jax.export.deserialize(bytearray(pfunc.fn_body)), pfunc
+
+
+def _same_as_export(fn: Callable[..., Any], *args: np.ndarray) -> list[np.ndarray]:
+    exported, pfunc = _emitted(fn, *args)
+    with jax.enable_x64(True):
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+        reference = jax.export.export(jax.jit(fn), platforms=("cpu",))(*specs)
+        want = [np.asarray(w) for w in jax.tree.leaves(reference.call(*args))]
+        got = [np.asarray(g) for g in jax.tree.leaves(exported.call(*args))]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        assert g.tobytes() == w.tobytes(), f"{fn}: {g} != {w}"
+    assert pfunc.attrs[jax_exec.ATTR_KEPT_INPUTS] == tuple(range(len(args)))
+    return got
+
+
+def _run(pfunc: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """A PFunction's outputs: interpreted where a plan runs it (quicker), else compiled."""
+    exported = jax.export.deserialize(bytearray(pfunc.fn_body))
+    kept = [args[i] for i in exported.module_kept_var_idx]
+    try:
+        plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+        return [np.asarray(v) for v in interpreted.call(plan, kept)]
+    except (interpreted.Unsupported, interpreted.NotExact):
+        with jax.enable_x64(True):
+            return [np.asarray(v) for v in jax.tree.leaves(exported.call(*kept))]
+
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_integer_ops_wrap_and_shift_as_the_export(dtype: str) -> None:
+    x, y = _edges(dtype), _edges(dtype)
+    bits = np.dtype(dtype).itemsize * 8
+    shifts = RNG.integers(0, bits + 5, x.shape).astype(dtype)
+
+    def ops(x: jax.Array, y: jax.Array, s: jax.Array) -> tuple[jax.Array, ...]:
+        return (
+            x + y,
+            x - y,
+            x * y,
+            x & y,
+            x | y,
+            x ^ y,
+            ~x,
+            -x,
+            lax.max(x, y),
+            lax.min(x, y),
+            lax.shift_left(x, s),
+            lax.shift_right_logical(x, s),
+            lax.shift_right_arithmetic(x, s),
+            lax.population_count(x),
+            lax.div(x, y | np.array(1, x.dtype)),
+            lax.rem(x, y | np.array(1, x.dtype)),
+            lax.clamp(np.array(3, x.dtype), x, np.array(100, x.dtype)),
+            x + np.array(7, x.dtype),
+        )
+
+    _same_as_export(ops, x, y, shifts)
+
+
+@pytest.mark.parametrize("dtype", [*INTS, "float32", "float64", "bool"])
+def test_compares_and_selects_as_the_export(dtype: str) -> None:
+    x, y, which = _edges(dtype), _edges(dtype), _edges(np.bool_)
+
+    def ops(x: jax.Array, y: jax.Array, w: jax.Array) -> tuple[jax.Array, ...]:
+        return (
+            x == y,
+            x != y,
+            lax.lt(x, y),
+            lax.le(x, y),
+            lax.gt(x, y),
+            lax.ge(x, y),
+            lax.select(w, x, y),
+            lax.select_n(w, x),
+        )
+
+    _same_as_export(ops, x, y, which)
+
+
+def test_select_with_an_integer_case_index_picks_as_the_export() -> None:
+    cases = [_edges(np.uint64) for _ in range(5)]
+    which = RNG.integers(-2, 8, cases[0].shape).astype(np.int32)
+    _same_as_export(
+        lambda w, *c: lax.select_n(lax.clamp(np.int32(0), w, np.int32(4)), *c), which, *cases
+    )
+
+
+@pytest.mark.parametrize("source", [*INTS, "float32", "float64", "bool"])
+def test_every_conversion_as_the_export(source: str) -> None:
+    x = _edges(source)
+    targets = [*INTS, "float32", "float64", "bool"]
+    _same_as_export(lambda x: tuple(lax.convert_element_type(x, t) for t in targets), x)
+
+
+def test_bitcasts_between_widths_as_the_export() -> None:
+    x = _edges(np.uint64)
+    _same_as_export(
+        lambda x: (
+            lax.bitcast_convert_type(x, np.int64),
+            lax.bitcast_convert_type(x, np.uint32),
+            lax.bitcast_convert_type(lax.bitcast_convert_type(x, np.uint8), np.uint64),
+            lax.bitcast_convert_type(x, np.float64),
+        ),
+        x,
+    )
+
+
+def test_float_rounding_and_arithmetic_as_the_export() -> None:
+    x, y = _edges(np.float32), _edges(np.float64)
+    _same_as_export(
+        lambda x, y: (
+            jnp.round(x),
+            lax.round(x, lax.RoundingMethod.AWAY_FROM_ZERO),
+            jnp.floor(y),
+            jnp.ceil(y),
+            x * x + x / (x - 1.5),
+            -y,
+        ),
+        x,
+        y,
+    )
+
+
+def test_structure_ops_as_the_export() -> None:
+    x = _edges(np.uint64, (4, 6))
+    i = np.array(-3, np.int32)
+
+    def ops(x: jax.Array, i: jax.Array) -> tuple[jax.Array, ...]:
+        return (
+            x.reshape(6, 4),
+            x[1:3, ::2],
+            x[:, None, :],
+            jnp.squeeze(x[None]),
+            jnp.stack([x, x + 1], axis=1),
+            jnp.concatenate([x, x], axis=1),
+            x.T,
+            lax.rev(x, (0, 1)),
+            lax.pad(x, np.uint64(9), ((1, -1, 1), (0, 2, 0))),
+            lax.dynamic_slice(x, (i, np.int32(2)), (2, 3)),
+            lax.dynamic_update_slice(x, x[:2, :2], (np.int32(3), i)),
+            lax.iota(np.int32, 7),
+            jnp.broadcast_to(x[0], (3, 6)),
+            jnp.sum(x, axis=0),
+            jnp.max(x.astype(np.int32), axis=1),
+            jnp.min(x, axis=(0, 1)),
+            jnp.all(x > 5, axis=1),
+            jnp.any(x > 5),
+            lax.reduce_xor_p.bind(x, axes=(1,)),
+        )
+
+    _same_as_export(ops, x, i)
+
+
+@pytest.mark.parametrize("dtype", ["uint64", "int32", "float64", "float32"])
+def test_dots_as_the_export(dtype: str) -> None:
+    a = (_edges(np.int8, (2, 3, 4)) % 50).astype(dtype)
+    b = (_edges(np.int8, (2, 4, 5)) % 50).astype(dtype)
+    _same_as_export(
+        lambda a, b: (
+            lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,)))),
+            lax.dot_general(a[0], b[0], (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST),
+        ),
+        a,
+        b,
+    )
+
+
+def test_constants_keep_their_bits() -> None:
+    """Splats and arrays of constants, signed zeros, NaN payloads, bools and 64-bit extremes."""
+    table = np.array([0.0, -0.0, np.nan, np.inf, 1e-310], np.float64)
+    signs = np.array([-0.0] * 4, np.float32)
+    flags = np.array([[True, False], [False, True]])
+    words = np.array([2**64 - 1, 0, 2**63], np.uint64)
+    x = _edges(np.float64, (5,))
+    got = _same_as_export(
+        lambda x: (x + table, signs, flags, words, jnp.zeros((3,), np.int8) - 1), x
+    )
+    assert np.signbit(got[1]).all()
+    assert got[3].tolist() == words.tolist()
+
+
+def test_inner_jit_calls_are_inlined() -> None:
+    inner = jax.jit(lambda x, y: jnp.where(x > y, x - y, y - x))
+    x, y = _edges(np.uint32), _edges(np.uint32)
+    exported, _ = _emitted(lambda x, y: inner(x, y) * 3, x, y)
+    assert "func.call" not in exported.mlir_module()
+    _same_as_export(lambda x, y: inner(x, y) * 3, x, y)
+
+
+@pytest.mark.parametrize(
+    "fn, why",
+    [
+        (jnp.exp, "primitive exp"),
+        (lambda x: jnp.sort(x, axis=0), "primitive sort"),
+        (
+            lambda x: lax.dot_general(x, x.T.astype(np.float64), (((1,), (0,)), ((), ()))),
+            "dot_general",
+        ),
+        (lambda x: x.astype(jnp.bfloat16), "element type bfloat16"),
+    ],
+)
+def test_what_it_does_not_write_is_refused(fn: Callable[..., Any], why: str) -> None:
+    with pytest.raises(emit.Unemittable, match=why):
+        _emitted(fn, _edges(np.float32))
+
+
+def test_several_platforms_are_refused() -> None:
+    with pytest.raises(emit.Unemittable, match="several platforms"):
+        emit.round_function("t", [], lambda b: [b.value(np.uint64(1))], ("cpu", "cuda"))
+
+
+def test_every_round_of_a_secure_program_is_the_exports_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A product, a comparison, a secret gather: each round's emitted PFunction
+    gives the bits its `jax.export` twin gives, on random shares; none falls back."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))
+    emitted = emit.round_function
+    checked: list[str] = []
+
+    def twin(name: str, inputs: Any, segment: Any, platforms: Any) -> Any:
+        pfunc = emitted(name, inputs, segment, platforms)
+
+        def traced(*args: Any) -> Any:
+            return segment(rounds.LAX, *args)
+
+        with jax.enable_x64(True):
+            reference, _, _ = jax_export(traced, *inputs, platforms=platforms, disk=False)
+        args = [_edges(s.dtype, s.shape) for s in inputs]
+        got, want = _run(pfunc, args), _run(reference, args)
+        assert [g.tobytes() for g in got] == [w.tobytes() for w in want], name
+        checked.append(name)
+        return pfunc
+
+    monkeypatch.setattr(emit, "round_function", twin)
+
+    @mp.function
+    def secure(x: Any, y: Any, i: Any) -> Any:
+        a, b, k = mp.mpc.seal(x, [0, 1, 2]), mp.mpc.seal(y, [0, 1, 2]), mp.mpc.seal(i, [0, 1, 2])
+        out = mp.mpc.run(lambda a, b, k: (a * b + 2.0, a < b, jnp.take(a, k)), a, b, k)
+        return mp.mpc.reveal(out, to=0)
+
+    x = np.linspace(-3, 3, 8, dtype=np.float32)
+    y = np.linspace(0.5, 4, 8, dtype=np.float32)
+    i = np.array([3, 0, 7], np.int32)
+    caplog.set_level(logging.DEBUG, logger="mpplug.mpc.rounds")
+    with mp.Simulator(3) as sim:
+        got = sim.fetch(sim.evaluate(secure, sim.put(0, x), sim.put(1, y), sim.put(2, i)), party=0)
+    np.testing.assert_allclose(got[0], x * y + 2, atol=1e-4)
+    np.testing.assert_array_equal(got[1], x < y)
+    np.testing.assert_allclose(got[2], x[i], atol=1e-4)
+    assert len(checked) > 10
+    assert "exported by jax.export" not in caplog.text
