@@ -385,7 +385,7 @@ _CHECKER = ModuleChecker()
 """Its helper process starts when a party first loads an artifact, and stops at exit."""
 
 
-def _serialize_with_sdy() -> bool:
+def serialize_with_sdy() -> bool:
     """How JAX writes modules for this process's backend (what `jax.export` would do here)."""
     return bool(jax.extend.backend.get_backend().serialize_with_sdy)
 
@@ -397,7 +397,7 @@ def _checked_module(
     again, so this process never parses bytes that could crash it (see module_check), and
     the module's custom calls."""
     try:
-        checked = _CHECKER.check(exported.mlir_module_serialized, with_sdy=_serialize_with_sdy())
+        checked = _CHECKER.check(exported.mlir_module_serialized, with_sdy=serialize_with_sdy())
     except ModuleRefused as exc:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: fn_body ({len(pfunc.fn_body)} bytes) holds a StableHLO module "

@@ -204,54 +204,88 @@ def _tensor(kind: Any) -> list[Any]:
     return [[int(d) for d in tensor.shape], str(tensor.element_type)]
 
 
+_CONTEXT: Any = None
+"""The helper's MLIR context, its dialects loaded once (multithreading off: a fork has none
+of the parent's threads); each fork parses in its own copy of it."""
+
+
+def _context() -> Any:
+    global _CONTEXT
+    if _CONTEXT is None:
+        from jax._src.interpreters import mlir
+
+        _CONTEXT = mlir.make_ir_context()
+        _CONTEXT.enable_multithreading(False)
+    return _CONTEXT
+
+
 def _transcode(module: bytes, with_sdy: bool) -> list[bytes]:
     """Parse `module` and write it again: ("ok", bytecode, *custom-call targets)."""
-    from jax._src.interpreters import mlir
     from jax._src.lib import _jax
     from jax._src.lib.mlir.dialects import hlo
 
     version = hlo.get_version_from_compatibility_requirement(
         hlo.StablehloCompatibilityRequirement.WEEK_4
     )
-    with mlir.make_ir_context():
+    with _context():
         parsed = _jax.mlir.deserialize_portable_artifact(module)
         calls = _custom_calls(parsed.operation)
         again = _jax.mlir.serialize_portable_artifact(parsed, version, with_sdy)
     return [b"ok", bytes(again), *(json.dumps(c).encode() for c in calls)]
 
 
-def _in_fresh_fork(module: bytes, with_sdy: bool) -> list[bytes]:
-    """`_transcode` in a process forked for this module alone, so that what one malformed
-    module does to the heap cannot touch the next; a crash becomes an ("error", why) reply."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the forked child, which never returns
-        try:
-            os.close(read_end)
+class _Fork:
+    """A process forked for one module alone, so that what one malformed module does to the
+    heap cannot touch the next; a crash becomes an ("error", why) reply. It is forked before
+    its module arrives, so that the fork's cost falls between modules."""
+
+    def __init__(self, inherited: tuple[int, ...]) -> None:
+        to_child, self.requests = os.pipe()
+        self.replies, from_child = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - the forked child, which never returns
             try:
-                reply = _transcode(module, with_sdy)
-            except Exception as exc:
-                lines = str(exc).strip().splitlines()
-                reply = [b"error", f"{type(exc).__name__}: {lines[0] if lines else ''}".encode()]
-            with os.fdopen(write_end, "wb") as out:
-                _write_frame(out, reply)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as replies:
+                for fd in (self.requests, self.replies, *inherited):  # the helper's own pipes:
+                    os.close(fd)  # a helper that dies must close them, not a waiting fork
+                with os.fdopen(to_child, "rb") as source:
+                    try:
+                        module, flags = _read_frame(source, None)
+                    except EOFError:  # the helper is done: no module comes
+                        os._exit(0)
+                try:
+                    reply = _transcode(module, flags == b"sdy")
+                except Exception as exc:
+                    lines = str(exc).strip().splitlines()
+                    why = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+                    reply = [b"error", why.encode()]
+                with os.fdopen(from_child, "wb") as out:
+                    _write_frame(out, reply)
+            finally:
+                os._exit(0)
+        os.close(to_child)
+        os.close(from_child)
+
+    def check(self, module: bytes, flags: bytes) -> list[bytes]:
+        """The child's reply for `module`; it has exited when this returns."""
         try:
-            reply = _read_frame(replies, None)
-        except EOFError:
-            reply = []
-    _, status = os.waitpid(pid, 0)
-    if not reply:
-        why = (
-            f"it crashed the process parsing it ({signal.Signals(os.WTERMSIG(status)).name})"
-            if os.WIFSIGNALED(status)
-            else f"the process parsing it exited with code {os.WEXITSTATUS(status)}"
-        )
-        reply = [b"error", why.encode()]
-    return reply
+            with os.fdopen(self.requests, "wb") as sink:
+                _write_frame(sink, [module, flags])
+        except BrokenPipeError:  # it died before reading: its status says why
+            pass
+        with os.fdopen(self.replies, "rb") as replies:
+            try:
+                reply = _read_frame(replies, None)
+            except EOFError:
+                reply = []
+        _, status = os.waitpid(self.pid, 0)
+        if not reply:
+            why = (
+                f"it crashed the process parsing it ({signal.Signals(os.WTERMSIG(status)).name})"
+                if os.WIFSIGNALED(status)
+                else f"the process parsing it exited with code {os.WEXITSTATUS(status)}"
+            )
+            reply = [b"error", why.encode()]
+        return reply
 
 
 _WARM_UP = (
@@ -263,12 +297,11 @@ _WARM_UP = (
 def _warm_up() -> None:
     """Write and read back one module here, so that each fork starts with the parser's
     one-time set-up done (dialects loaded) instead of repeating it."""
-    from jax._src.interpreters import mlir
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import hlo
 
-    with mlir.make_ir_context():
+    with _context():
         version = hlo.get_version_from_compatibility_requirement(
             hlo.StablehloCompatibilityRequirement.WEEK_4
         )
@@ -277,15 +310,17 @@ def _warm_up() -> None:
 
 
 def serve() -> None:
-    """The helper: warms the parser up once, then forks a fresh process for each module."""
+    """The helper: warms the parser up once, then forks a fresh process for each module
+    (the next one as soon as it has answered)."""
     _warm_up()
 
     stdin = sys.stdin.buffer
     stdout = os.fdopen(os.dup(1), "wb")  # replies only: whatever else prints goes to stderr
     os.dup2(2, 1)
     while True:
+        fork = _Fork(inherited=(stdin.fileno(), stdout.fileno()))
         try:
             module, flags = _read_frame(stdin, None)
         except EOFError:
-            return
-        _write_frame(stdout, _in_fresh_fork(module, flags == b"sdy"))
+            return  # the waiting fork reads no module and exits
+        _write_frame(stdout, fork.check(module, flags))

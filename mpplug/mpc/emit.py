@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,10 @@ import jax
 import numpy as np
 from jax import export as jax_export
 from jax import lax
+from jax._src.interpreters import mlir as jax_mlir  # JAX's contexts, as its export parses in
+from jax.extend import mlir
 from jax.extend.core import JaxprEqn, Literal, Var
+from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from mpplug.core import PFunction, TensorType
@@ -581,6 +585,33 @@ def _target_version() -> str:
     )
 
 
+CONTEXT_USES = 256
+"""Modules a thread parses in one MLIR context before it starts a new one (a context keeps
+the constants it parsed until it is dropped)."""
+
+_contexts = threading.local()
+
+
+def _serialized(text: str) -> bytes:
+    """The module `text` as `jax.export` writes a module it lowered (parsed in a context of
+    JAX's, written by JAX's writer): bytes a party's module check writes back unchanged."""
+    context = getattr(_contexts, "context", None)
+    if context is None or _contexts.uses >= CONTEXT_USES:
+        context = _contexts.context = jax_mlir.make_ir_context()
+        _contexts.uses = 0
+    _contexts.uses += 1
+    with context:
+        try:
+            module = ir.Module.parse(text)
+        except Exception as exc:  # a module the parser refuses: JAX's export writes it instead
+            raise Unemittable(f"the module does not parse: {exc}") from None
+        return bytes(
+            mlir.serialize_portable_artifact(
+                module, _target_version(), jax_exec.serialize_with_sdy()
+            )
+        )
+
+
 @functools.cache
 def _template(platform: str) -> jax_export.Exported:
     """An export of this JAX for `platform`, whose fields the emitted artifacts share."""
@@ -602,10 +633,7 @@ def round_function(
     builder = Builder()
     args = [builder.arg(s.shape, s.dtype) for s in inputs]
     results = [builder.value(r) for r in body(builder, *args)]
-    try:
-        module = hlo.serialize_portable_artifact_str(builder.text(results), _target_version())
-    except Exception as exc:  # a module the parser refuses: JAX's export writes it instead
-        raise Unemittable(f"the module does not parse: {exc}") from None
+    module = _serialized(builder.text(results))
     in_avals = tuple(jax.core.ShapedArray(s.shape, s.dtype) for s in inputs)
     out_avals = tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in results)
     n, m = len(in_avals), len(out_avals)
