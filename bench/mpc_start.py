@@ -154,7 +154,7 @@ def main() -> int:
     if args.child:
         child(args.child)
         return 0
-    spu = load_spu(args.spu) if args.spu else None
+    spu = load_spu(args.spu, need_wall=False) if args.spu else None
     names = [w.name for w in workloads(False) if not args.only or args.only in w.name]
     print(
         f"mpplug {mp.__version__} mp.mpc start-up: jax {jax.__version__}, numpy {np.__version__},"

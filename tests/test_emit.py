@@ -222,6 +222,30 @@ def test_dots_as_the_export(dtype: str) -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "uint64"])
+def test_convolutions_as_the_export(dtype: str) -> None:
+    """NHWC and NCHW, strides, negative and positive padding, both dilations, feature groups."""
+    x = (_edges(np.int8, (2, 7, 6, 4)) % 30).astype(dtype)
+    k = (_edges(np.int8, (3, 2, 2, 6)) % 30).astype(dtype)
+    _same_as_export(
+        lambda x, k: (
+            lax.conv_general_dilated(
+                x, k, (2, 1), ((1, 0), (2, -1)), (1, 2), (2, 1), ("NHWC", "HWIO", "NHWC"), 2
+            ),
+            lax.conv_general_dilated(
+                x.transpose(0, 3, 1, 2),
+                k[:, :, :2].transpose(3, 2, 0, 1),
+                (1, 1),
+                "SAME",
+                feature_group_count=2,
+                precision=lax.Precision.HIGHEST,
+            ),
+        ),
+        x,
+        k,
+    )
+
+
 def test_constants_keep_their_bits() -> None:
     """Splats and arrays of constants, signed zeros, NaN payloads, bools and 64-bit extremes."""
     table = np.array([0.0, -0.0, np.nan, np.inf, 1e-310], np.float64)

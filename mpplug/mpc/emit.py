@@ -2,7 +2,7 @@
 StableHLO text, op for op what JAX's lowering rule gives, with no retrace and no lowering.
 
 The primitives share programs are made of (ring arithmetic, bits, compares, selects, slices,
-reshapes, integer dots, reductions) emit here; an equation with any other primitive or
+reshapes, dots, convolutions, reductions) emit here; an equation with any other primitive or
 parameter raises `Unemittable`, and the caller exports that round with `jax.export` instead.
 The artifact is what `jax.export` makes of a function: a portable StableHLO module inside a
 serialized `Exported`, every input kept, for one platform.
@@ -489,15 +489,57 @@ def _dot_general(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[
         if dims
     ]
     props = f"dot_dimension_numbers = #stablehlo.dot<{', '.join(fields)}>"
+    return [b.op("dot_general", ins, shape, dtype, props + _precision(eqn))]
+
+
+def _precision(eqn: JaxprEqn) -> str:
+    """A product's precision config as JAX writes it (the same on every platform)."""
     precision = eqn.params.get("precision")
-    if precision is not None:  # as JAX writes it, on every platform
-        if not isinstance(precision, tuple) or any(
-            not isinstance(p, lax.Precision) for p in precision
-        ):
-            raise Unemittable(f"dot_general with precision={precision}")
-        names = ", ".join(f"#stablehlo<precision {p.name}>" for p in precision)
-        props += f", precision_config = [{names}]"
-    return [b.op("dot_general", ins, shape, dtype, props)]
+    if precision is None:
+        precision = (lax.Precision.DEFAULT,) * 2
+    elif isinstance(precision, lax.Precision):
+        precision = (precision,) * 2
+    if not isinstance(precision, tuple) or any(not isinstance(p, lax.Precision) for p in precision):
+        raise Unemittable(f"{eqn.primitive.name} with precision={precision}")  # an algorithm
+    names = ", ".join(f"#stablehlo<precision {p.name}>" for p in precision)
+    return f", precision_config = [{names}]"
+
+
+def _conv_layout(spec: Sequence[int], first: str, second: str) -> str:
+    """`spec` (the positions of the two named dimensions, then the spatial ones) as StableHLO
+    writes a layout: [b, 0, 1, f] for NHWC inputs."""
+    names = [""] * len(spec)
+    names[spec[0]], names[spec[1]] = first, second
+    for i, dim in enumerate(spec[2:]):
+        names[dim] = str(i)
+    return "[" + ", ".join(names) + "]"
+
+
+def _convolution(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    _no(eqn, "out_sharding")
+    shape, dtype = _aval(eqn)
+    p = eqn.params
+    preferred = p.get("preferred_element_type")
+    if dtype == np.bool_ or any(x.dtype != dtype for x in ins):
+        raise Unemittable(f"conv_general_dilated of {[x.dtype for x in ins]} to {dtype}")
+    if (preferred is not None and np.dtype(preferred) != dtype) or not p["padding"]:
+        raise Unemittable(f"conv_general_dilated with {preferred=} and {p['padding']=}")
+    lhs, rhs, out = p["dimension_numbers"]
+    layouts = (
+        f"{_conv_layout(lhs, 'b', 'f')}x{_conv_layout(rhs, 'o', 'i')}->"
+        f"{_conv_layout(out, 'b', 'f')}"
+    )
+    pads = ", ".join(f"[{lo}, {hi}]" for lo, hi in p["padding"])
+    props = (
+        f"batch_group_count = {p['batch_group_count']} : i64, "
+        f"dimension_numbers = #stablehlo.conv<{layouts}>, "
+        f"feature_group_count = {p['feature_group_count']} : i64, "
+        f"lhs_dilation = {_i64s(p['lhs_dilation'])}, "
+        f"padding = dense<[{pads}]> : tensor<{len(p['padding'])}x2xi64>, "
+        f"rhs_dilation = {_i64s(p['rhs_dilation'])}, "
+        f"window_strides = {_i64s(p['window_strides'])}"
+    )
+    return [b.op("convolution", ins, shape, dtype, props + _precision(eqn))]
 
 
 def _inline(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
@@ -568,6 +610,7 @@ _RULES: dict[str, Rule] = {
     "pad": _pad,
     "round": _round,
     "dot_general": _dot_general,
+    "conv_general_dilated": _convolution,
     "jit": _inline,
     "pjit": _inline,
     "copy": _copy,
