@@ -382,14 +382,7 @@ def _placing(call: Callable[..., Any], device: Any) -> Callable[..., Any]:
 
 
 _CHECKER = ModuleChecker()
-"""Its helper process starts when a party starts serving (`start_module_checker`) or first
-loads an artifact, and stops at exit."""
-
-
-def start_module_checker() -> None:
-    """Start the helper that checks the modules of artifacts from the network, so that a
-    server's first program does not wait for it to load."""
-    _CHECKER.start()
+"""Its helper process starts when a party first loads an artifact, and stops at exit."""
 
 
 def serialize_with_sdy() -> bool:

@@ -49,12 +49,6 @@ class ModuleChecker:
         self._registered = False
         self._lock = threading.Lock()
 
-    def start(self) -> None:
-        """Start the helper now (it loads the parser while the caller goes on), so that the
-        first module does not wait for it."""
-        with self._lock:
-            self._running()
-
     def check(self, module: bytes, *, with_sdy: bool) -> CheckedModule:
         """`module` as a fresh fork of the helper parsed and wrote it again. A module that
         does not come back as it went in (another writer's bytes, or a corrupt module that

@@ -28,7 +28,6 @@ from mpplug.config import ClusterSpec, ServerLimits, is_loopback, split_endpoint
 from mpplug.core.custom_calls import CustomCallPolicy
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.kernels.datasets import Datasets
-from mpplug.kernels.jax_exec import start_module_checker
 from mpplug.protos import service_pb2
 from mpplug.remote.bulk import Listener
 from mpplug.remote.channels import server_options
@@ -170,7 +169,6 @@ class PartyServer:
                 bulk.stop()
             raise
         server.start()
-        start_module_checker()  # programs come from the network: their modules are checked
         if bulk is not None:
             bulk.start()
         self._bulk = bulk
