@@ -246,6 +246,31 @@ def test_convolutions_as_the_export(dtype: str) -> None:
     )
 
 
+def test_gathers_that_clamp_as_the_export() -> None:
+    """Indexing, `take` in clip mode (out-of-range indices too), batching dimensions."""
+    x = _edges(np.uint64, (5, 3))
+    i = np.array([4, 0, -2, 9, 3], np.int32)
+    batched = lax.GatherDimensionNumbers(
+        offset_dims=(),
+        collapsed_slice_dims=(1,),
+        start_index_map=(1,),
+        operand_batching_dims=(0,),
+        start_indices_batching_dims=(0,),
+    )
+    _same_as_export(
+        lambda x, i: (
+            x[jnp.clip(i, 0, 4)],
+            jnp.take(x, i, axis=0, mode="clip"),
+            jnp.take(x, i[:3], axis=1, mode="clip"),
+            lax.gather(x, (i % 3)[:, None], batched, (1, 1), mode="clip"),
+        ),
+        x,
+        i,
+    )
+    with pytest.raises(emit.Unemittable, match="gather in mode"):
+        _emitted(lambda x, i: jnp.take(x, i, axis=0, mode="fill"), x, i)
+
+
 def test_constants_keep_their_bits() -> None:
     """Splats and arrays of constants, signed zeros, NaN payloads, bools and 64-bit extremes."""
     table = np.array([0.0, -0.0, np.nan, np.inf, 1e-310], np.float64)
@@ -273,6 +298,7 @@ def test_inner_jit_calls_are_inlined() -> None:
     [
         (jnp.exp, "primitive exp"),
         (lambda x: jnp.sort(x, axis=0), "primitive sort"),
+        (lambda x: jnp.cumsum(x), "primitive cumsum"),
         (
             lambda x: lax.dot_general(x, x.T.astype(np.float64), (((1,), (0,)), ((), ()))),
             "dot_general",

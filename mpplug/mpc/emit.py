@@ -2,8 +2,9 @@
 StableHLO text, op for op what JAX's lowering rule gives, with no retrace and no lowering.
 
 The primitives share programs are made of (ring arithmetic, bits, compares, selects, slices,
-reshapes, dots, convolutions, reductions) emit here; an equation with any other primitive or
-parameter raises `Unemittable`, and the caller exports that round with `jax.export` instead.
+reshapes, dots, convolutions, clamped gathers, reductions) emit here; an equation with any
+other primitive or parameter raises `Unemittable`, and the caller exports that round with
+`jax.export` instead.
 The artifact is what `jax.export` makes of a function: a portable StableHLO module inside a
 serialized `Exported`, every input kept, for one platform.
 """
@@ -542,6 +543,33 @@ def _convolution(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[
     return [b.op("convolution", ins, shape, dtype, props + _precision(eqn))]
 
 
+def _gather(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    """A gather whose indices are clamped into range (JAX's clip and promise-in-bounds modes;
+    fill mode masks out-of-range rows with ops of its own, and is exported instead)."""
+    p = eqn.params
+    if p["mode"] not in (lax.GatherScatterMode.CLIP, lax.GatherScatterMode.PROMISE_IN_BOUNDS):
+        raise Unemittable(f"gather in mode {p['mode']}")
+    shape, dtype = _aval(eqn)
+    numbers = p["dimension_numbers"]
+    fields = [
+        f"{name} = [{', '.join(map(str, dims))}]"
+        for name, dims in (
+            ("offset_dims", numbers.offset_dims),
+            ("collapsed_slice_dims", numbers.collapsed_slice_dims),
+            ("operand_batching_dims", numbers.operand_batching_dims),
+            ("start_indices_batching_dims", numbers.start_indices_batching_dims),
+            ("start_index_map", numbers.start_index_map),
+        )
+        if dims
+    ]
+    fields.append(f"index_vector_dim = {len(ins[1].shape) - 1}")
+    props = f"dimension_numbers = #stablehlo.gather<{', '.join(fields)}>, "
+    if p["indices_are_sorted"]:
+        props += "indices_are_sorted = true, "
+    props += f"slice_sizes = {_i64s(p['slice_sizes'])}"
+    return [b.op("gather", ins, shape, dtype, props)]
+
+
 def _inline(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     closed = eqn.params["jaxpr"]
     inner: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
@@ -611,6 +639,7 @@ _RULES: dict[str, Rule] = {
     "round": _round,
     "dot_general": _dot_general,
     "conv_general_dilated": _convolution,
+    "gather": _gather,
     "jit": _inline,
     "pjit": _inline,
     "copy": _copy,
