@@ -277,6 +277,8 @@ class Simulator(Cluster):
     def _close(self) -> None:
         for worker in self._workers:  # a kernel stuck in a party must not hold close()
             worker.shutdown(wait=False, cancel_futures=True)
+        for party in self._parties:
+            party.close()
         for store in self._stores:
             store.clear()
 

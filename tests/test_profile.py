@@ -5,6 +5,7 @@ and run, and the caller's calls, written as Chrome trace event JSON, on every cl
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import numpy as np
@@ -93,7 +94,9 @@ def test_a_profile_covers_every_op_of_every_party_and_is_a_chrome_trace(make_clu
         assert e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] in names
 
 
-def test_the_first_two_runs_of_a_kernel_show_its_preparation_and_compile(make_cluster):
+def test_a_kernels_preparation_and_its_compile_each_show_in_one_run(make_cluster):
+    """The first run shows the preparation; the second starts the compile in the background,
+    and the first run after it ends shows it, once."""
     cluster = make_cluster(2)
     x = cluster.put(1, np.arange(5, dtype=np.float32))
 
@@ -101,17 +104,22 @@ def test_the_first_two_runs_of_a_kernel_show_its_preparation_and_compile(make_cl
     def fresh(v: mp.MPObject) -> mp.MPObject:
         return mp.run_jax(lambda a: a * 0.5 + 7.25, v)  # a function no other test compiles
 
-    timelines = []
-    for _ in range(3):  # interpreted, compiled at the second run, then as compiled
+    compiles = []
+    for run in range(60):
         with cluster.profile() as timeline:
             cluster.evaluate(fresh, x)
-        timelines.append(timeline)
-    first, second, third = ([s for s in t.spans if s.category == "compile"] for t in timelines)
-    assert [s.name for s in first] == ["prepare functions"] and first[0].party == 1
-    assert [s.name for s in second] == ["compile functions"] and second[0].party == 1
-    assert first[0].duration_ns > 0 and second[0].duration_ns > 0
-    assert not third
-    assert [s.party for s in timelines[2].spans if s.category == "run"] == [1]
+        spans = [s for s in timeline.spans if s.category == "compile"]
+        if run == 0:
+            assert [s.name for s in spans] == ["prepare functions"] and spans[0].party == 1
+        else:
+            compiles += [(run, s) for s in spans]
+            assert [s.party for s in timeline.spans if s.category == "run"] == [1]
+        if compiles and run > compiles[0][0]:
+            break
+        time.sleep(0.05)
+    assert [s.name for _, s in compiles] == ["compile functions"], compiles
+    ((run, span),) = compiles
+    assert run >= 1 and span.party == 1 and span.duration_ns > 0
 
 
 def test_nothing_is_recorded_outside_a_profile_block_and_failures_keep_their_spans(make_cluster):

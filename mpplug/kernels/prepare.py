@@ -3,12 +3,13 @@
 
 A kernel offers this by having a `prepare(pfunc, runtime)` attribute that fills its caches
 before the first run, and may have a `tier_up(pfunc, runtime)` one that compiles what the
-first run ran interpreted, before the second.
+first run ran interpreted, from the second on (in the background unless `MPPLUG_TIER_UP=wait`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -24,7 +25,13 @@ log = logging.getLogger("mpplug")
 PROGRESS_EVERY_S = 1.0
 """At most one progress line a second per program, and none for what takes less."""
 
+ENV_TIER_UP = "MPPLUG_TIER_UP"
+
 _COMPILES = SharedPool("mpplug-compile")
+_exiting = threading.Event()
+# Set as the interpreter starts to exit, before concurrent.futures joins its pools' threads
+# (hooks run last registered first; its own was registered when `pools` imported it).
+threading._register_atexit(_exiting.set)  # type: ignore[attr-defined]
 _last_line: dict[str, float] = {}
 _progress_lock = threading.Lock()
 
@@ -58,6 +65,11 @@ class Preparation:
     def done(self) -> bool:
         return all(f.done() for f in self.futures)
 
+    def cancel(self) -> None:
+        """Drop the compiles that have not started (a closed party has no use for them)."""
+        for future in self.futures:
+            future.cancel()
+
     def wait(self, label: str) -> None:
         """Return once every compile has ended, logging how far they are at most once a
         second (across the threads waiting on programs named `label`)."""
@@ -83,8 +95,18 @@ def _progress(label: str, what: str, start: float, final: bool = False) -> None:
     log.info("%s: %s (%.1f s)", label, what, now - start)
 
 
+def tier_up_waits() -> bool:
+    """Whether a program's second run waits for the compiles it starts (`MPPLUG_TIER_UP=wait`,
+    for measuring compiled runs from the second on); by default they go on in the background
+    while runs use each function's compiled code as soon as it is there."""
+    return os.environ.get(ENV_TIER_UP, "background").strip().lower() == "wait"
+
+
 def _quietly(step: object, pfunc: PFunction, runtime: KernelRuntime) -> None:
-    """Failures are left for the run to raise, where they name the op."""
+    """Failures are left for the run to raise, where they name the op. Nothing starts once
+    the process is exiting: the pool's queue is not worth the wait then."""
+    if _exiting.is_set():
+        return
     try:
         step(pfunc, runtime)  # type: ignore[operator]
     except Exception as exc:

@@ -284,6 +284,7 @@ class PartyServer:
         if self._bulk is not None:
             self._bulk.stop()
         self._service.close()
+        self._party.close()
         self._comm.close()
         self._stopped.set()
         if self._upkeep is not None:

@@ -19,7 +19,7 @@ from mpplug.kernels import KernelRuntime
 from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.devices import export_platform
 from mpplug.kernels.jax_exec import ATTR_CUSTOM_CALLS
-from mpplug.kernels.prepare import Preparation
+from mpplug.kernels.prepare import Preparation, tier_up_waits
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
 from mpplug.runtime.interpreter import Interpreter, describe_op
@@ -123,42 +123,54 @@ class Party:
         recorder: Recorder | None = None,
     ) -> list[Any]:
         """Run program `digest` once its functions are ready (the receive timeouts start then):
-        interpreted plans where they can run the first run, compiled code from the second.
+        interpreted plans where they can run the first run; from the second, each function's
+        compiled code once its compile (started then, in the background) is done.
         Returns per-output values (None where not held here). With a `recorder`,
         each step is recorded in it."""
         loaded = self._loaded(digest)
         if loaded.runs and loaded.tier_up is None:  # the second run: compile what ran interpreted
             loaded.tier_up = Preparation(loaded.interpreter.functions(), self.runtime, "tier_up")
         loaded.runs += 1
-        preparation = loaded.tier_up or loaded.preparation
-        if not preparation.done():
-            graph = loaded.interpreter.graph
-            preparation.wait(f"party {self.rank}: program {graph.name!r} ({digest[:12]})")
-        if not preparation.reported:  # the first run shows the compiles, however early done
-            preparation.reported = True
-            if recorder is not None and preparation.futures:
-                duration = preparation.finished_ns - preparation.started_ns
-                recorder.spans.append(
-                    Span(
-                        self.rank,
-                        "compile functions"
-                        if preparation is loaded.tier_up
-                        else "prepare functions",
-                        "compile",
-                        preparation.started_ns,
-                        max(duration, 1),
-                        {"functions": len(preparation.futures)},
-                    )
-                )
+        label = f"party {self.rank}: program {loaded.interpreter.graph.name!r} ({digest[:12]})"
+        loaded.preparation.wait(label)
+        if loaded.tier_up is not None and tier_up_waits():
+            loaded.tier_up.wait(label)
+        if recorder is not None:  # each run's profile shows compiles that ended before it
+            for preparation, what in (
+                (loaded.preparation, "prepare functions"),
+                (loaded.tier_up, "compile functions"),
+            ):
+                if preparation is not None and not preparation.reported and preparation.done():
+                    preparation.reported = True
+                    if preparation.futures:
+                        recorder.spans.append(_compile_span(self.rank, preparation, what))
         return loaded.interpreter.run(
             inputs, self.communicator, exec_id, self.runtime, timeout, recorder
         )
+
+    def close(self) -> None:
+        """Drop the compiles of every program's functions that have not started."""
+        for loaded in self._programs.values():
+            if loaded.tier_up is not None:
+                loaded.tier_up.cancel()
+
+
+def _compile_span(rank: int, preparation: Preparation, what: str) -> Span:
+    duration = preparation.finished_ns - preparation.started_ns
+    return Span(
+        rank,
+        what,
+        "compile",
+        preparation.started_ns,
+        max(duration, 1),
+        {"functions": len(preparation.futures)},
+    )
 
 
 @dataclass
 class _Loaded:
     """A program ready to run here: its functions readied at load (interpreted where they
-    can be), and compiled at its second run."""
+    can be), and compiled from its second run on."""
 
     interpreter: Interpreter
     preparation: Preparation
