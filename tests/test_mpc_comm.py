@@ -136,6 +136,19 @@ def test_a_32_bit_comparison_is_one_sign_8_rounds_and_33_bytes():
         assert 0 < received[party] <= 33 * N, (party, received[party])
 
 
+def test_a_32_bit_sum_is_wrapped_once_before_a_comparison_and_a_64_bit_one_never():
+    """A sum JAX wraps at 32 bits is wrapped (its 32 low bits weighed back, 9 rounds) before a
+    comparison reads it, once for every read; sealed values are within range and a 64-bit sum
+    wraps with the ring, so neither pays for it."""
+    narrow = [v.astype(np.int32) for v in INTS]
+    compared, _, _ = measure(lambda a, b: a < b, *narrow)
+    wrapped, _, _ = measure(lambda a, b: (a + b) < b, *narrow)
+    twice, _, _ = measure(lambda a, b: ((a + b) < b) & ((a + b) > a), *narrow)
+    assert (compared, wrapped) == (8, 9 + 8)
+    assert twice == 9 + 8 + 1  # one wrap for both comparisons, then their AND
+    assert measure(lambda a, b: (a + b) < b, *INTS)[0] == 9
+
+
 def test_a_64_bit_comparison_is_three_signs_and_one_and_9_rounds():
     # exact over the whole int64 range: signs of a, b and a - b in one batch, one AND more
     rounds, received, messages = measure(lambda a, b: a < b, *INTS)

@@ -5,7 +5,8 @@ uint16 (wrapping as JAX wraps, including int32's minimum), `//`, `%`, lax.div an
 constants of either sign, conversions to narrower or differently signed integers and to
 bool, split and XOR-reduce; floor, ceil, trunc, round to even and away from zero at exact
 ties; prod, cumprod, cummax, cummin; sin, erf, gelu and sinh (at their documented errors);
-division and shifts by secret integers, scatter at secret rows, signbit and nextafter.
+division and shifts by secret integers, scatter at secret rows, signbit and nextafter;
+int32, int16 and uint16 sums and products wrapped at their width before what reads past it.
 Every function written through exp, log, sqrt and 1/x by an identity (`_IDENTITIES`) is
 checked against JAX in plaintext: the identity is what its rule adds to those parts, whose
 errors `test_mpc_rules` measures."""
@@ -97,6 +98,55 @@ def test_integer_bit_operations_wrap_as_jax_does():
 def test_rounding_products_running_extremes_and_identities_compute_what_jax_computes():
     check(reals, X, P)
     assert set(EXACT) <= set(reals(X, P))
+
+
+def overflowing(a: Any, b: Any, h: Any, u: Any) -> dict[str, Any]:
+    """Sums and products JAX wraps at the dtype's width, then read past their low bits."""
+
+    def accumulate(_: Any, carry: Any) -> Any:
+        total, above = carry
+        total = total + h[:2]
+        return total, above + (total > 0).astype(jnp.int16)
+
+    return {
+        "sum_compare": (a + b) > 0, "product_compare": a * b < b,
+        "max_of_sum": jnp.maximum(a + b, a),
+        "product_to_float": (a * b).astype(jnp.float32), "sum_floor_divide": (a + b) // 7,
+        "sum_equal": a + b == b + a - 0,
+        "dot_compare": jnp.dot(a, b) > 0, "cumsum_min": jnp.min(jnp.cumsum(a)),
+        "int16_sum_compare": h + h[::-1] < h, "int16_to_int32": (h * 3).astype(jnp.int32),
+        "uint16_difference_compare": u - u[::-1] > 100, "uint16_negated_max": jnp.max(-u),
+        "abs_minimum": jnp.abs(a), "wide_index": jnp.where((a + b) > 0, a * b, a - b),
+        "loop_carry": lax.fori_loop(0, 3, accumulate, (h[:2], jnp.zeros(2, jnp.int16))),
+        "sort_sums": jnp.sort(h * 7),
+    }  # fmt: skip
+
+
+def test_narrow_integer_sums_and_products_wrap_at_their_width_as_jax_does():
+    """An int32 sum or product is right modulo 2^32 in the ring; whatever reads more than
+    its low bits (a comparison, a division, a widening or real conversion, a sort, a loop's
+    next iteration) sees it wrapped at the width, as JAX computes it."""
+    h = np.array([30000, -30000, 20000, -1, 16384, 0], np.int16)
+    check(overflowing, A, B, h, U)
+
+
+def test_a_wide_integer_leaving_one_run_is_wrapped_by_the_next():
+    """A sealed sum that lies beyond int16's range after one `mp.mpc.run` keeps that mark, so
+    a comparison in a later run sees it wrapped."""
+    x = np.array([30000, -30000, 100, 32767], np.int16)
+    y = np.array([10000, -10000, 200, 1], np.int16)
+
+    @mp.function
+    def program(a: Any, b: Any) -> Any:
+        total = mp.mpc.run(lambda p, q: p + q, *mp.mpc.seal((a, b)))
+        assert total.wide
+        return mp.mpc.reveal(mp.mpc.run(lambda t: (t > 0, t), total), to=0)
+
+    with mp.Simulator(3) as sim:
+        positive, total = sim.fetch(sim.evaluate(program, sim.put(0, x), sim.put(1, y)), party=0)
+    np.testing.assert_array_equal(total, x + y)
+    np.testing.assert_array_equal(positive, (x + y) > 0)
+    assert list(positive) == [False, True, True, False]
 
 
 def secret_divisors_and_positions(a: Any, d: Any, u: Any, v: Any, x: Any, i: Any) -> dict[str, Any]:

@@ -253,7 +253,8 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         context = state.contexts[parties] = proto.setup(parties)
     secret_positions = {i for i in dynamic if isinstance(leaves[i], Sealed)}
     inputs = [
-        f"secret {leaves[i].shape} {np.dtype(leaves[i].dtype).str} {leaves[i].boolean}"
+        f"secret {leaves[i].shape} {np.dtype(leaves[i].dtype).str} {leaves[i].boolean} "
+        f"{leaves[i].wide}"
         if i in secret_positions
         else f"public {spec.shape} {np.dtype(spec.dtype).str}"
         for i, spec in zip(dynamic, specs, strict=True)
@@ -299,8 +300,9 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             boolean=boolean,
             protocol=proto.name,
             truncation=first.truncation,
+            wide=wide,
         )
-        for out, (shape, dtype, boolean) in zip(outputs, recording.metas, strict=True)
+        for out, (shape, dtype, boolean, wide) in zip(outputs, recording.metas, strict=True)
     ]
     return jax.tree.unflatten(out_trees[-1], results)
 
@@ -321,7 +323,7 @@ def _record(
     """Interpret the user's jaxpr on shares into the share program, and split it into rounds."""
     where = f"mp.mpc.run({name})"
     start = state.stream
-    metas: list[tuple[tuple[int, ...], np.dtype[Any], bool]] = []
+    metas: list[tuple[tuple[int, ...], np.dtype[Any], bool, bool]] = []
     n_secret = len(secret_positions)
 
     def share_program(role: Any, keys: Any, *inputs: Any) -> list[Any]:
@@ -333,18 +335,18 @@ def _record(
         for i in dynamic:
             if i in secret_positions:
                 s = leaves[i]
-                values.append(Secret(next(secrets), s.shape, s.dtype, s.boolean))
+                values.append(Secret(next(secrets), s.shape, s.dtype, s.boolean, s.wide))
             else:
                 values.append(next(publics))
         outs = interpreter.eval(closed.jaxpr, closed.consts, values)
         shares = []
         for out in outs:
             if isinstance(out, Secret):
-                metas.append((out.shape, out.dtype, out.boolean))
+                metas.append((out.shape, out.dtype, out.boolean, out.wide))
                 shares.append(out.shares)
             else:
                 public = jnp.asarray(out)
-                metas.append((public.shape, public.dtype, False))
+                metas.append((public.shape, public.dtype, False, False))
                 shares.append(interpreter.arith(public, public.dtype))
         return shares
 
@@ -354,7 +356,9 @@ def _record(
     with jax.enable_x64(True):
         program = jax.make_jaxpr(share_program)(*avals)
     recording = record_rounds(program, avals, name, platforms)
-    recording.metas = [(tuple(shape), np.dtype(dtype), boolean) for shape, dtype, boolean in metas]
+    recording.metas = [
+        (tuple(shape), np.dtype(dtype), boolean, wide) for shape, dtype, boolean, wide in metas
+    ]
     recording.streams = state.stream - start
     return recording
 

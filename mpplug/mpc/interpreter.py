@@ -4,10 +4,17 @@ work fuses into the round's PFunction.
 
 Values are `Secret` (shares plus the logical type) or public JAX arrays; a primitive whose
 operands are all public runs as itself. Inner jaxprs (pjit, custom_jvp/vjp, remat) are inlined.
+
+Integers narrower than 64 bits wrap as JAX wraps them: ring arithmetic leaves a sum or product
+right modulo 2^w (marked `wide`), and a primitive that reads more than its w low bits (a
+comparison, a division, a conversion to a wider type or to a real) gets it wrapped first
+(`wrapped`: its w low bits weighed back as the dtype's two's complement, 9 rounds for
+int32).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -39,6 +46,7 @@ from mpplug.mpc.secret import (
     Value,
     broadcast_shares,
     is_float,
+    is_narrow_int,
     out_aval,
 )
 
@@ -91,6 +99,38 @@ _LINEAR: dict[str, tuple[int, ...] | None] = {
     "add_any": None,
 }
 """Linear over the ring: the data operands (None: all) are lifted to shares when public."""
+
+
+_OVERFLOWING = frozenset(
+    {
+        *("add", "sub", "neg", "add_any", "reduce_sum", "cumsum", "reduce_window_sum"),
+        *("mul", "square", "integer_pow", "dot_general", "conv_general_dilated"),
+        *("reduce_prod", "cumprod", "shift_left"),
+    }
+)
+"""Ring arithmetic: right modulo 2^w from operands right modulo 2^w (so wide operands are
+not wrapped first), and possibly beyond the w-bit range itself."""
+
+_KEEPING = frozenset(
+    {*_STRUCTURAL, "concatenate", "pad", "not", "select_n", "stop_gradient", "split", "stack"}
+)
+"""Move, select or map (-1 - x) elements: wide exactly where an operand is."""
+
+_REWEIGHING = frozenset(
+    {"and", "or", "xor", "shift_right_logical", "shift_right_arithmetic", "population_count"}
+)
+"""Work on the w low bits and weigh them back: within range whatever the operands."""
+
+_BOUNDED = frozenset(
+    {
+        *("max", "min", "clamp", "sign", "rem", "floor", "ceil", "round"),
+        *("reduce_max", "reduce_min", "argmax", "argmin", "cummax", "cummin"),
+        *("sort", "top_k", "gather", "dynamic_slice", "dynamic_update_slice", "scatter"),
+        *("reduce_window_max", "reduce_window_min", "reduce_xor"),
+    }
+)
+"""Within range from operands within range (which they get wrapped). Any other primitive's
+narrow integer results count as wide."""
 
 
 class Interpreter:
@@ -202,18 +242,38 @@ class Interpreter:
                 return eqn.primitive.bind(*values, **params)
             with jax.ensure_compile_time_eval():  # constants stay constants (a divisor, a shift)
                 return eqn.primitive.bind(*values, **params)
+        if any(isinstance(v, Secret) and v.wide for v in values):
+            needed = _to_wrap(eqn, values)
+            values = [self.wrapped(v) if i in needed else v for i, v in enumerate(values)]
         if name in _STRUCTURAL:
-            return self.structural(eqn, values)
-        if name in _LINEAR:
-            return self.linear(eqn, values, _LINEAR[name])
-        fn = RULES.get(name)
-        if fn is None:
-            source = _source_line(eqn)
-            raise TraceError(
-                f"{self.where}: no secure rule for the JAX primitive {name!r}"
-                f"{f' (from {source})' if source else ''}; {UNSUPPORTED_HINT}"
-            )
-        return fn(self, eqn, values)
+            result = self.structural(eqn, values)
+        elif name in _LINEAR:
+            result = self.linear(eqn, values, _LINEAR[name])
+        else:
+            fn = RULES.get(name)
+            if fn is None:
+                source = _source_line(eqn)
+                raise TraceError(
+                    f"{self.where}: no secure rule for the JAX primitive {name!r}"
+                    f"{f' (from {source})' if source else ''}; {UNSUPPORTED_HINT}"
+                )
+            result = fn(self, eqn, values)
+        if isinstance(result, list | tuple):
+            return [_marked(eqn, out, values) for out in result]
+        return _marked(eqn, result, values)
+
+    def wrapped(self, value: Value) -> Value:
+        """A wide integer wrapped into its dtype's range: its w low bits (a carry-save and
+        Kogge-Stone adder) weighed back as the dtype's two's complement (9 rounds for int32)."""
+        if not isinstance(value, Secret) or not value.wide:
+            return value
+        shares, dtype = value.shares, value.dtype
+
+        def wrap() -> Shares:
+            low = self.protocol.low_bits(self.ctx, shares, bits.width_of(dtype))
+            return bits.from_bits(self, low, dtype, bits.value_weights(dtype))
+
+        return Secret(self.remember(("wrap", shares), wrap), value.shape, dtype)
 
     def out(
         self, eqn: JaxprEqn, shares: Shares, *, boolean: bool = False, index: int = 0
@@ -256,6 +316,45 @@ class Interpreter:
         shape = aval.shape if elementwise else None
         shares = [self.arith(values[i], aval.dtype, shape) for i in positions]
         return self.out(eqn, self.bind_on_shares(eqn, values, positions, shares))
+
+
+def _to_wrap(eqn: JaxprEqn, values: list[Value]) -> range | tuple[int, ...]:
+    """The operands `eqn` needs within their dtype's range: its predicate or index for
+    `select_n` and `cond`, none for loops (their bodies wrap what they need), for ring
+    arithmetic, moves and bit work, or for a conversion to an integer no wider; all others."""
+    name = eqn.primitive.name
+    if name in ("select_n", "cond"):
+        return (0,)
+    if name in _OVERFLOWING or name in _KEEPING or name in _REWEIGHING or name in _LOOPS:
+        return ()
+    if name == "convert_element_type" and _narrowing(values[0], eqn.params["new_dtype"]):
+        return ()
+    return range(len(values))
+
+
+_LOOPS = ("scan", "while")
+
+
+def _narrowing(x: Value, new: Any) -> bool:
+    """A conversion of integer `x` to an integer type no wider (its new w low bits)."""
+    new, old = np.dtype(new), np.dtype(x.dtype)
+    return new.kind in "iu" and old.kind in "iu" and new.itemsize <= old.itemsize
+
+
+def _marked(eqn: JaxprEqn, out: Any, operands: list[Value]) -> Any:
+    """`out` marked wide where it may lie beyond its narrow integer dtype's range."""
+    if not isinstance(out, Secret) or out.boolean or not is_narrow_int(out.dtype):
+        return out
+    name = eqn.primitive.name
+    operands_wide = any(isinstance(v, Secret) and v.wide for v in operands)
+    if name == "convert_element_type":  # within range, unless converted to its own dtype
+        first = operands[0]
+        wide = isinstance(first, Secret) and first.wide and first.dtype == out.dtype
+    elif name in _KEEPING:
+        wide = operands_wide
+    else:
+        wide = name not in _REWEIGHING and name not in _BOUNDED
+    return out if out.wide == wide else dataclasses.replace(out, wide=wide)
 
 
 def _token(part: Any) -> Any:

@@ -24,6 +24,7 @@ from mpplug.errors import TraceError
 from mpplug.mpc.interpreter import Interpreter, Secret, Value
 from mpplug.mpc.protocol import Context
 from mpplug.mpc.rounds import Body, loop_p, record_rounds
+from mpplug.mpc.secret import is_narrow_int
 
 ITERATION = jax.ShapeDtypeStruct((), np.int32)
 
@@ -214,7 +215,7 @@ class _Scan:
 
     def _rebuild(self, flat: Any, like: Value) -> Value:
         if isinstance(like, Secret):
-            return Secret(flat, like.shape, like.dtype, like.boolean)
+            return Secret(flat, like.shape, like.dtype, like.boolean, like.wide)
         return flat
 
     def _slot_aval(self, k: int, slot: Any) -> jax.ShapeDtypeStruct:
@@ -226,7 +227,9 @@ class _Scan:
         kind = self.kinds[k]
         if kind is None:
             return flat
-        return Secret(flat, tuple(slot.shape), np.dtype(slot.dtype), kind)
+        # a carried narrow integer may come back wide from any iteration: read as wide
+        wide = not kind and is_narrow_int(slot.dtype)
+        return Secret(flat, tuple(slot.shape), np.dtype(slot.dtype), kind, wide)
 
     def _carried(self, k: int, slot: Any) -> Any:
         """Slot k's value entering the loop, in its kind."""
@@ -260,7 +263,7 @@ def _row(it: Interpreter, x: Value, index: Any) -> Value:
 
     if not isinstance(x, Secret):
         return take(jnp.asarray(x))
-    return Secret(it.protocol.local(take, x.shares), x.shape[1:], x.dtype, x.boolean)
+    return Secret(it.protocol.local(take, x.shares), x.shape[1:], x.dtype, x.boolean, x.wide)
 
 
 def _written(it: Interpreter, buffer: Value, y: Value, index: Any, aval: Any) -> Value:
@@ -277,4 +280,5 @@ def _written(it: Interpreter, buffer: Value, y: Value, index: Any, aval: Any) ->
     shares = it.protocol.local(
         lambda b, r: lax.dynamic_update_index_in_dim(b, r[None], index, 0), *parts
     )
-    return Secret(shares, tuple(aval.shape), np.dtype(aval.dtype), boolean)
+    wide = not boolean and is_narrow_int(aval.dtype)
+    return Secret(shares, tuple(aval.shape), np.dtype(aval.dtype), boolean, wide)

@@ -66,14 +66,14 @@ def _results(step: Step) -> int:
 @dataclass
 class Recording:
     """What `mp.mpc.run` appends to a program, and what it returns: `outputs` (value numbers)
-    with their logical `metas` (shape, dtype, boolean). `streams` PRF streams were named.
+    with their logical `metas` (shape, dtype, boolean, wide). `streams` PRF streams were named.
     `bodies` are the recordings of its loops' bodies (with no metas)."""
 
     n_inputs: int
     functions: list[PFunction] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
-    metas: list[tuple[tuple[int, ...], np.dtype[Any], bool]] = field(default_factory=list)
+    metas: list[tuple[tuple[int, ...], np.dtype[Any], bool, bool]] = field(default_factory=list)
     streams: int = 0
     bodies: list[Recording] = field(default_factory=list)
     _count: int = 0
@@ -140,7 +140,10 @@ class Recording:
             "n_inputs": self.n_inputs,
             "steps": [_step_json(s) for s in self.steps],
             "outputs": self.outputs,
-            "metas": [[list(shape), dtype.str, boolean] for shape, dtype, boolean in self.metas],
+            "metas": [
+                [list(shape), dtype.str, boolean, wide]
+                for shape, dtype, boolean, wide in self.metas
+            ],
             "streams": self.streams,
         }
         text = json.dumps(header, separators=(",", ":")).encode()
@@ -171,7 +174,10 @@ class Recording:
             [PFunction.from_bytes(b) for b in blobs[:n_functions]],
             [_step_from_json(s) for s in header["steps"]],
             [int(i) for i in header["outputs"]],
-            [(tuple(map(int, m[0])), np.dtype(m[1]), bool(m[2])) for m in header["metas"]],
+            [
+                (tuple(map(int, m[0])), np.dtype(m[1]), bool(m[2]), bool(m[3]))
+                for m in header["metas"]
+            ],
             int(header["streams"]),
             [cls.from_bytes(b) for b in blobs[n_functions:]],
         )

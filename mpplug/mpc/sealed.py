@@ -17,8 +17,10 @@ class Sealed:
     """Shares of a tensor of logical `shape` and `dtype` among `parties` (roles in order).
 
     Floats are fixed point with `frac_bits` fraction bits, rescaled after products by the
-    `truncation` protocol; `boolean` marks XOR-shared bits (comparison results). Only
-    `mp.mpc.reveal` turns it into plaintext.
+    `truncation` protocol; `boolean` marks XOR-shared bits (comparison results); `wide`, an
+    integer narrower than 64 bits that is right only modulo 2^width (wrapped when revealed, or
+    when a later `mp.mpc.run` reads more than its low bits). Only `mp.mpc.reveal` turns it
+    into plaintext.
     """
 
     __slots__ = (
@@ -30,6 +32,7 @@ class Sealed:
         "shape",
         "shares",
         "truncation",
+        "wide",
     )
 
     def __init__(
@@ -43,6 +46,7 @@ class Sealed:
         boolean: bool = False,
         protocol: str = "aby3",
         truncation: str = "precise",
+        wide: bool = False,
     ) -> None:
         self.shares = shares
         self.shape = tuple(shape)
@@ -52,6 +56,7 @@ class Sealed:
         self.boolean = boolean
         self.protocol = protocol
         self.truncation = truncation
+        self.wide = wide
 
     def _meta(self) -> tuple[Any, ...]:
         return (
@@ -62,6 +67,7 @@ class Sealed:
             self.boolean,
             self.protocol,
             self.truncation,
+            self.wide,
         )
 
     def tree_flatten(self) -> tuple[tuple[MPObject], tuple[Any, ...]]:
@@ -69,7 +75,7 @@ class Sealed:
 
     @classmethod
     def tree_unflatten(cls, meta: tuple[Any, ...], children: Any) -> Sealed:
-        shape, dtype, parties, frac_bits, boolean, protocol, truncation = meta
+        shape, dtype, parties, frac_bits, boolean, protocol, truncation, wide = meta
         return cls(
             children[0],
             shape,
@@ -79,6 +85,7 @@ class Sealed:
             boolean=boolean,
             protocol=protocol,
             truncation=truncation,
+            wide=wide,
         )
 
     @property

@@ -16,12 +16,15 @@ from mpplug.mpc.protocol import Shares
 
 @dataclass(frozen=True)
 class Secret:
-    """Shares of a tensor of logical `shape` and `dtype`; `boolean`: XOR shares of bit 0."""
+    """Shares of a tensor of logical `shape` and `dtype`; `boolean`: XOR shares of bit 0;
+    `wide`: an integer narrower than 64 bits whose ring value may lie beyond its dtype's
+    range (a sum or product JAX wraps at the width), right only modulo 2^width."""
 
     shares: Shares
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
     boolean: bool = False
+    wide: bool = False
 
 
 Value = Any  # Secret or a public array
@@ -33,6 +36,12 @@ UNSUPPORTED_HINT = (
 
 def is_float(dtype: Any) -> bool:
     return bool(jnp.issubdtype(dtype, jnp.floating))
+
+
+def is_narrow_int(dtype: Any) -> bool:
+    """An integer dtype narrower than the ring (its sums and products wrap before 2^64)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "iu" and dtype.itemsize < 8
 
 
 def out_aval(eqn: JaxprEqn, index: int = 0) -> Any:

@@ -22,7 +22,7 @@ from mpplug.mpc.recording import Recording
 
 log = logging.getLogger("mpplug")
 
-FORMAT = "1"
+FORMAT = "2"
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 """Function reprs in jaxpr params (custom_jvp rules, which mp.mpc never runs) name an address
 that differs between processes."""

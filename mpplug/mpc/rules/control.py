@@ -85,7 +85,8 @@ def _row(it: Interpreter, x: Value, t: int) -> Value:
     """Row `t` of a scanned-over value."""
     if not isinstance(x, Secret):
         return x[t]
-    return Secret(it.protocol.local(lambda s: s[t], x.shares), x.shape[1:], x.dtype, x.boolean)
+    rows = it.protocol.local(lambda s: s[t], x.shares)
+    return Secret(rows, x.shape[1:], x.dtype, x.boolean, x.wide)
 
 
 def _stacked(it: Interpreter, rows: list[Value], aval: Any) -> Value:
