@@ -178,6 +178,25 @@ def test_division_by_secret_integers_and_writes_at_secret_positions_are_exact():
     check(secret_divisors_and_positions, a, d, u, v, x, i)
 
 
+def points_of_several_axes(x: Any, i: Any, j: Any, k: Any, u: Any) -> dict[str, Any]:
+    return {
+        "get_ij": x[i, j], "get_ik": x[i, :, k], "get_ijk": x[i, j, k],
+        "get_clipped": x.at[i + 1, j].get(mode="clip"), "set_ij": x.at[i, j].set(u),
+        "add_ij": x.at[i, j].add(u), "set_ik": x.at[i, :, k].set(u[:, :4]),
+        "add_ijk": x.at[i, j, k].add(u[:, 0]), "set_dropped": x.at[i + 2, j].set(u),
+    }  # fmt: skip
+
+
+def test_points_of_several_axes_are_read_and_written_at_secret_indices():
+    """x[i, j], x[i, :, k] and their writes: the indexed axes merged into one, each point a
+    row of it (negative indices wrapping, clipped reads, writes past the end dropped)."""
+    x = (np.arange(60, dtype=np.float32).reshape(3, 4, 5) * 0.5 - 7).astype(np.float32)
+    i, j = np.array([2, 0, -1, 1], np.int32), np.array([3, 0, 1, -2], np.int32)
+    k = np.array([4, 0, 2, 1], np.int32)
+    u = np.tile(np.array([1.5, -2.0, 0.25, 4.0, 8.0], np.float32), (4, 1))
+    check(points_of_several_axes, x, i, j, k, u)
+
+
 def sealed_bools(a: Any, b: Any) -> dict[str, Any]:
     return {
         "not": jnp.logical_not(a), "invert": ~a, "and": a & b, "or": jnp.logical_or(a, b),

@@ -94,11 +94,28 @@ def test_a_while_loop_on_secrets_is_refused_with_the_way_out():
     assert "lax.fori_loop with constant bounds" in message
 
 
-def test_a_gather_at_secret_points_of_two_axes_is_refused_naming_what_works():
-    message = refused(lambda m, i: m[i, i], X, np.array([0, 1], np.int32))
+def _windows_at(m: Any, i: Any) -> Any:
+    """Windows of two rows starting at the points (i, i): a gather no rule reads."""
+    dims = lax.GatherDimensionNumbers(
+        offset_dims=(1,), collapsed_slice_dims=(1,), start_index_map=(0, 1)
+    )
+    return lax.gather(m, jnp.stack([i, i], axis=1), dims, slice_sizes=(2, 1))
+
+
+def test_a_gather_of_windows_at_secret_points_is_refused_naming_what_works():
+    message = refused(_windows_at, X, np.array([0, 1], np.int32))
     assert "gather with secret indices is supported for reading whole rows" in message
+    assert "or points of several (table[i, j])" in message
 
 
-def test_a_scatter_at_secret_points_of_two_axes_is_refused_naming_what_works():
-    message = refused(lambda m, i: m.at[i, i].set(0.0), X, np.array([0, 1], np.int32))
+def _write_windows_at(m: Any, i: Any) -> Any:
+    dims = lax.ScatterDimensionNumbers(
+        update_window_dims=(1,), inserted_window_dims=(1,), scatter_dims_to_operand_dims=(0, 1)
+    )
+    return lax.scatter(m, jnp.stack([i, i], axis=1), jnp.zeros((2, 2), m.dtype), dims)
+
+
+def test_a_scatter_of_windows_at_secret_points_is_refused_naming_what_works():
+    message = refused(_write_windows_at, X, np.array([0, 1], np.int32))
     assert "scatter at secret indices writes whole rows along one axis" in message
+    assert "or points of several (x.at[i, j].set(v))" in message

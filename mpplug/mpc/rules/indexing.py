@@ -46,19 +46,39 @@ def _gather(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     dims = params["dimension_numbers"]
     if getattr(dims, "operand_batching_dims", ()):
         return self.out(eqn, _along_axis(self, eqn, operand, indices, dims, params["slice_sizes"]))
-    axis = _single_axis(self, eqn, operand, dims, params["slice_sizes"])
+    axes = _indexed_axes(self, eqn, operand, dims, params["slice_sizes"])
     aval = out_aval(eqn)
-    shape = np.shape(operand) if not isinstance(operand, Secret) else operand.shape
+    shape = tuple(np.shape(operand)) if not isinstance(operand, Secret) else operand.shape
+    bounds = np.asarray([shape[a] for a in axes], np.int32)
     if "CLIP" in str(params["mode"]):
-        (indices,) = self.eval_as(lambda v: jnp.clip(v, 0, shape[axis] - 1), [indices])
-    rows = read_rows(self, operand, axis, self.arith(indices, np.int64)[..., 0], aval.dtype)
+        (indices,) = self.eval_as(lambda v: jnp.clip(v, 0, bounds - 1), [indices])
+    (index,) = self.eval_as(lambda v: jnp.sum(v * _strides(bounds), axis=-1), [indices])
+    table = _merged(self, operand, axes, aval.dtype)
+    rows = read_rows(self, table, 0, self.arith(index, np.int64), aval.dtype)
     batch_rank = len(indices.shape) - 1
-    if axis not in dims.collapsed_slice_dims:  # the row's axis kept, of size 1
-        rows = jnp.expand_dims(rows, 1 + batch_rank + axis)
+    if axes[0] not in dims.collapsed_slice_dims:  # the row's axis kept, of size 1
+        rows = jnp.expand_dims(rows, 1 + batch_rank + axes[0])
     rest = list(range(batch_rank, rows.ndim - 1))
     batch = list(range(batch_rank))
     order = [rest.pop(0) if p in dims.offset_dims else batch.pop(0) for p in range(rows.ndim - 1)]
     return self.out(eqn, self.protocol.local(lambda s: jnp.transpose(s, order), rows))
+
+
+def _strides(bounds: np.ndarray) -> np.ndarray:
+    """Each indexed axis's stride in the axes' row-major merge."""
+    return np.asarray([int(np.prod(bounds[k + 1 :])) for k in range(len(bounds))], np.int32)
+
+
+def _merged(self: Interpreter, operand: Value, axes: tuple[int, ...], dtype: Any) -> Value:
+    """`operand` with `axes` moved first (in that order) and merged into one: its rows are the
+    points those axes index, row-major; the other axes follow in their order."""
+    shape = tuple(np.shape(operand)) if not isinstance(operand, Secret) else operand.shape
+    order = [*axes, *(d for d in range(len(shape)) if d not in axes)]
+    merged = (int(np.prod([shape[a] for a in axes])), *(shape[d] for d in order[len(axes) :]))
+    if not isinstance(operand, Secret):
+        return jnp.transpose(jnp.asarray(operand), order).reshape(merged)
+    moved = self.protocol.local(lambda s: jnp.transpose(s, order).reshape(merged), operand.shares)
+    return Secret(moved, merged, np.dtype(dtype))
 
 
 @rule("dynamic_slice")
@@ -135,44 +155,61 @@ def _scatter(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
         x, u = self.arith(operand, aval.dtype), self.arith(updates, aval.dtype, update_shape)
         return self.out(eqn, self.protocol.local(on_share, x, u))
     batch_rank = len(indices.shape) - 1
-    axis = int(dims.scatter_dims_to_operand_dims[0]) if dims.scatter_dims_to_operand_dims else -1
+    axes = tuple(int(a) for a in dims.scatter_dims_to_operand_dims)
+    rest = tuple(shape[d] for d in range(len(shape)) if d not in axes)
     if not (
-        indices.shape[-1] == 1
-        and tuple(dims.inserted_window_dims) == (axis,)
+        axes
+        and indices.shape[-1] == len(axes)
+        and set(dims.inserted_window_dims) == set(axes)
         and not dims.operand_batching_dims
         and tuple(dims.update_window_dims) == tuple(range(batch_rank, len(update_shape)))
-        and update_shape[batch_rank:] == shape[:axis] + shape[axis + 1 :]
+        and update_shape[batch_rank:] == rest
     ):
         raise TraceError(
-            f"{self.where}: {eqn.primitive.name} at secret indices writes whole rows along one "
-            f"axis (x.at[i].set(v), x.at[i].add(v)), not {dims}; {UNSUPPORTED_HINT}"
+            f"{self.where}: {eqn.primitive.name} at secret indices writes whole rows along "
+            f"one axis (x.at[i].set(v), x.at[i].add(v)) or points of several "
+            f"(x.at[i, j].set(v)), not {dims}; {UNSUPPORTED_HINT}"
         )
-    n = shape[axis]
+    bounds = np.asarray([shape[a] for a in axes], np.int32)
+    n = int(np.prod(bounds))
     if "CLIP" in str(mode):
-        (indices,) = self.eval_as(lambda v: jnp.clip(v, 0, n - 1), [indices])
-    (inside,) = self.eval_as(lambda v: (v >= 0) & (v < n), [indices])
-    index = self.arith(indices, np.int64)[..., 0]  # (2, *batch)
+        (indices,) = self.eval_as(lambda v: jnp.clip(v, 0, bounds - 1), [indices])
+    inside, index = self.eval_as(
+        lambda v: (
+            jnp.all((v >= 0) & (v < bounds), axis=-1),
+            jnp.sum(v * _strides(bounds), axis=-1),
+        ),
+        [indices],
+    )
+    index = self.arith(index, np.int64)  # (2, *batch)
     onehot = one_hot(self, index_digits(self, index, n), index.shape[1:])[..., :n]
-    inside_rows = self.arith(inside, np.int64)[..., 0]  # (2, *batch): 1 where kept
+    inside_rows = self.arith(inside, np.int64)  # (2, *batch): 1 where kept
     hit = self.protocol.mul(
         self.ctx, onehot, jnp.broadcast_to(inside_rows[..., None], onehot.shape)
     )
     over_batch = tuple(range(batch_rank))
     rows = self.arith(updates, aval.dtype, update_shape)
-    placed_rows = self.protocol.dot_general(
+    placed = self.protocol.dot_general(
         self.ctx, hit, rows, ((over_batch, over_batch), ((), ()))
-    )  # (2, n, *window)
-    placed = jnp.moveaxis(placed_rows, 1, 1 + axis)  # x's layout
-    x = self.arith(operand, aval.dtype)
+    )  # (2, n, *rest): x's points, merged
+    x = _merged(self, Secret(self.arith(operand, aval.dtype), shape, aval.dtype), axes, aval.dtype)
     if eqn.primitive.name == "scatter-add":
-        return self.out(eqn, x + placed)
-    batch = tuple(range(1, 1 + batch_rank))
-    rows_hit = jnp.sum(hit, axis=batch, dtype=ring.RING) if batch else hit
-    mask = jnp.broadcast_to(
-        jnp.expand_dims(rows_hit, tuple(d + 1 for d in range(len(shape)) if d != axis)),
-        (2, *shape),
-    )
-    return self.out(eqn, x + placed - self.protocol.mul(self.ctx, x, mask))
+        written = x.shares + placed
+    else:
+        batch = tuple(range(1, 1 + batch_rank))
+        points_hit = jnp.sum(hit, axis=batch, dtype=ring.RING) if batch else hit
+        mask = jnp.broadcast_to(
+            points_hit.reshape(*points_hit.shape, *(1 for _ in rest)), x.shares.shape
+        )
+        written = x.shares + placed - self.protocol.mul(self.ctx, x.shares, mask)
+    return self.out(eqn, self.protocol.local(lambda s: _unmerged(s, shape, axes), written))
+
+
+def _unmerged(share: jnp.ndarray, shape: tuple[int, ...], axes: tuple[int, ...]) -> jnp.ndarray:
+    """`_merged`'s inverse on one share: the operand's layout again."""
+    order = [*axes, *(d for d in range(len(shape)) if d not in axes)]
+    split = share.reshape(*(shape[d] for d in order))
+    return jnp.transpose(split, [order.index(d) for d in range(len(shape))])
 
 
 def _placement(self: Interpreter, start: Value, n: int, m: int) -> Value:
@@ -276,22 +313,24 @@ def _grid(table: jnp.ndarray, axis: int, n: int, grid: tuple[int, int]) -> jnp.n
     return padded.reshape(*grid, *rows.shape[1:])
 
 
-def _single_axis(
+def _indexed_axes(
     self: Interpreter, eqn: JaxprEqn, operand: Value, dims: Any, slice_sizes: Any
-) -> int:
-    """The one operand axis a gather with secret indices reads whole rows along."""
+) -> tuple[int, ...]:
+    """The operand axes a gather with secret indices reads points of, taking the whole of
+    the other axes: one axis (table[i], jnp.take(table, i, axis)), or several, collapsed
+    (table[i, j])."""
     shape = np.shape(operand) if not isinstance(operand, Secret) else operand.shape
+    axes = tuple(int(a) for a in dims.start_index_map)
+    collapsed = tuple(dims.collapsed_slice_dims)
     if (
-        len(dims.start_index_map) == 1
-        and tuple(dims.collapsed_slice_dims) in ((), tuple(dims.start_index_map))
+        axes
+        and (set(collapsed) == set(axes) or (len(axes) == 1 and not collapsed))
         and not getattr(dims, "operand_batching_dims", ())
-        and all(
-            size == (1 if d == dims.start_index_map[0] else shape[d])
-            for d, size in enumerate(slice_sizes)
-        )
+        and all(size == (1 if d in axes else shape[d]) for d, size in enumerate(slice_sizes))
     ):
-        return int(dims.start_index_map[0])
+        return axes
     raise TraceError(
         f"{self.where}: gather with secret indices is supported for reading whole rows along "
-        f"one axis (table[i], jnp.take(table, i, axis)), not {dims}; {UNSUPPORTED_HINT}"
+        f"one axis (table[i], jnp.take(table, i, axis)) or points of several (table[i, j]), "
+        f"not {dims}; {UNSUPPORTED_HINT}"
     )
