@@ -4,7 +4,8 @@ against plain JAX: and/or/xor/not, shifts by constants and population_count on i
 uint16 (wrapping as JAX wraps, including int32's minimum), `//`, `%`, lax.div and lax.rem by
 constants of either sign, conversions to narrower or differently signed integers and to
 bool, split and XOR-reduce; floor, ceil, trunc, round to even and away from zero at exact
-ties; prod, cumprod, cummax, cummin; sin, erf, gelu and sinh (at their documented errors);
+ties; prod, cumprod, cummax, cummin, cumlogsumexp; sin, erf, gelu and sinh (at their
+documented errors);
 division and shifts by secret integers, scatter at secret rows, signbit and nextafter;
 int32, int16 and uint16 sums and products wrapped at their width before what reads past it.
 Every function written through exp, log, sqrt and 1/x by an identity (`_IDENTITIES`) is
@@ -35,7 +36,7 @@ P = np.array([[1.5, -2.0, 0.5], [3.0, 0.25, -1.0]], np.float32)
 EXACT = ("floor", "ceil", "trunc", "round_even", "round_away", "prod", "cumprod", "cummax")
 APPROXIMATE = {
     "sin": 1e-4, "erf": 2e-3, "gelu": 3e-3, "sinh": 3e-3, "nextafter": 4e-6, "interp": 1e-4,
-    "float_power": 1e-2, "power_secret": 1e-2, "power_array": 1e-2,
+    "float_power": 1e-2, "power_secret": 1e-2, "power_array": 1e-2, "cumlogsumexp": 5e-3,
 }  # fmt: skip
 
 
@@ -64,6 +65,7 @@ def reals(x: Any, p: Any) -> dict[str, Any]:
         "float_to_bool": x.astype(bool), "isfinite": jnp.isfinite(p),
         "sin": jnp.sin(x), "erf": jax.scipy.special.erf(x),
         "gelu": jax.nn.gelu(p, approximate=False), "sinh": jnp.sinh(p),
+        "cumlogsumexp": lax.cumlogsumexp(x.reshape(3, 4), axis=1, reverse=True),
     }  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -199,3 +199,33 @@ def _general_power(x: jax.Array, y: jax.Array) -> jax.Array:
     odd = (whole == y) & (whole - 2.0 * jnp.floor(whole * 0.5) == 1.0)
     result = jnp.where((x < 0) & odd, -result, result)
     return jnp.where(magnitude == 0, jnp.where(y == 0, 1.0, 0.0), result)
+
+
+@rule("cumlogsumexp")
+def _cumlogsumexp(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
+    """log(sum exp) along an axis, running: each prefix kept as a pair (m, s) with the value
+    m + log(s), m the prefix's maximum, so s lies in [1, n] whatever the inputs' scale;
+    pairs merge by m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m) in an associative
+    scan (ceil(log2 n) levels of a comparison, two exps and two products); log(s / sqrt(n))
+    keeps log's input in its range for axes of up to 10,000."""
+    (x,) = values
+    require_float(self, eqn, x.dtype)
+    axis, reverse = int(eqn.params["axis"]), bool(eqn.params["reverse"])
+    scale = math.sqrt(x.shape[axis])
+
+    def running(v: jax.Array) -> jax.Array:
+        def merge(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> Any:
+            (m1, s1), (m2, s2) = a, b
+            m = jnp.maximum(m1, m2)
+            return m, s1 * _exp_below(m1 - m) + s2 * _exp_below(m2 - m)
+
+        m, s = jax.lax.associative_scan(merge, (v, jnp.ones_like(v)), reverse, axis)
+        return m + jnp.log(s / scale) + math.log(scale)
+
+    (out,) = self.eval_as(running, values)
+    return out
+
+
+def _exp_below(d: jax.Array) -> jax.Array:
+    """exp(d) for d <= 0, as 0 below -30 (where exp's input range would end)."""
+    return jnp.exp(jnp.maximum(d, -30.0))
