@@ -199,6 +199,40 @@ def test_points_of_several_axes_are_read_and_written_at_secret_indices():
     check(points_of_several_axes, x, i, j, k, u)
 
 
+def sixty_four_bit_divisions(a: Any, d: Any, u: Any, v: Any, s: Any) -> dict[str, Any]:
+    varying = jnp.array([3, -4, 5, 6], jnp.int32)
+    return {
+        "div": lax.div(a, d), "rem": lax.rem(a, d), "floor_divide": a // d, "modulo": a % d,
+        "unsigned_div": u // v, "unsigned_rem": u % v, "by_constant": a // 7,
+        "by_varying_constants": s // varying, "rem_varying": s % varying,
+    }  # fmt: skip
+
+
+def test_64_bit_integers_and_varying_public_divisors_divide_exactly():
+    """Long division over 64 bits: int64's extremes (its minimum's magnitude is 2^63),
+    uint64 divisors past 2^63 and dividends near 2^64; public divisors that differ per
+    element go the same way."""
+    a = np.array([17, -17, 2**62 + 12345, -(2**63), 2**63 - 1, -5, 0, 1000], np.int64)
+    d = np.array([5, 5, -(2**40) - 7, 3, -(2**63), 7, 9, -1], np.int64)
+    u = np.array([2**64 - 1, 2**63 + 5, 17, 12345678901234], np.uint64)
+    v = np.array([2**63 + 1, 3, 2**64 - 2, 10], np.uint64)
+    s = np.array([100, -37, 55, 9], np.int32)
+
+    @mp.function
+    def program(*values: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(sixty_four_bit_divisions, *mp.mpc.seal(values)), to=0)
+
+    with mp.Simulator(3) as sim:
+        handles = [sim.put(n % 3, v) for n, v in enumerate((a, d, u, v, s))]
+        got = sim.fetch(sim.evaluate(program, *handles), party=0)
+    with jax.enable_x64(True):
+        want = jax.jit(sixty_four_bit_divisions)(a, d, u, v, s)
+    assert set(got) == set(want)
+    for name, w in want.items():
+        assert got[name].dtype == w.dtype, name
+        np.testing.assert_array_equal(got[name], w, err_msg=name)
+
+
 def sealed_bools(a: Any, b: Any) -> dict[str, Any]:
     return {
         "not": jnp.logical_not(a), "invert": ~a, "and": a & b, "or": jnp.logical_or(a, b),

@@ -151,7 +151,7 @@ def _div(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
     x, y = values
     aval = out_aval(eqn)
     if not is_float(aval.dtype):
-        if isinstance(y, Secret):
+        if not _one_constant(eqn, y):
             return self.out(eqn, divide_by_secret(self, eqn, x, y)[0])
         divisor = _public_divisor(self, eqn, y)
         quotient, _ = divide_integers(self, self.arith(x, aval.dtype, aval.shape), divisor, aval)
@@ -249,7 +249,7 @@ def _rem(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Value:
         shape = tuple(aval.shape)
         both = jnp.stack([self.arith(x, aval.dtype, shape), self.arith(y, aval.dtype, shape)], 1)
         return self.out(eqn, long_divide(self, both, REAL_BITS, True)[1])
-    if isinstance(y, Secret):
+    if not _one_constant(eqn, y):
         return self.out(eqn, divide_by_secret(self, eqn, x, y)[1])
     divisor = _public_divisor(self, eqn, y)
     _, remainder = divide_integers(self, self.arith(x, aval.dtype, aval.shape), divisor, aval)
@@ -274,19 +274,29 @@ def _long_division(digits: jax.Array, divisor: jax.Array) -> tuple[jax.Array, ja
     return lax.fori_loop(0, digits.shape[-1], step, (zero, zero))
 
 
-def divide_by_secret(
-    self: Interpreter, eqn: JaxprEqn, x: Value, y: Secret
-) -> tuple[Shares, Shares]:
-    """(x / y rounded toward zero, x - y * that) for secret integers up to 32 bits: the
-    magnitudes' long division (`_long_division`), the signs put back. Division by zero gives
-    the quotient 2^w - 1 and the remainder x, where XLA's is implementation-defined."""
+def _long_division_64(digits: jax.Array, divisor: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`_long_division` of 64-bit magnitudes (uint64): a remainder of 2^63 or more leaves the
+    ring when doubled, and then the divisor always fits (one more comparison a step, side by
+    side with the other)."""
+    zero = jnp.zeros(divisor.shape, jnp.uint64)
+
+    def step(i: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        quotient, rest = carry
+        overflows = rest >= np.uint64(1 << 63)
+        rest = rest * np.uint64(2) + digits[..., i]
+        fits = (overflows | (rest >= divisor)).astype(jnp.uint64)
+        return quotient * np.uint64(2) + fits, rest - fits * divisor
+
+    return lax.fori_loop(0, digits.shape[-1], step, (zero, zero))
+
+
+def divide_by_secret(self: Interpreter, eqn: JaxprEqn, x: Value, y: Value) -> tuple[Shares, Shares]:
+    """(x / y rounded toward zero, x - y * that) for secret integers (or public divisors that
+    are not one constant of at most 32 bits): the magnitudes' long division
+    (`_long_division`), the signs put back. Division by zero gives the quotient 2^w - 1 and
+    the remainder x, where XLA's is implementation-defined."""
     aval = out_aval(eqn)
     width = np.dtype(aval.dtype).itemsize * 8
-    if width > 32:
-        raise TraceError(
-            f"{self.where}: integer {eqn.primitive.name} of secret {np.dtype(aval.dtype)} by a "
-            f"secret divisor is supported on integers up to 32 bits; {UNSUPPORTED_HINT}"
-        )
     shape = tuple(aval.shape)
     both = jnp.stack([self.arith(x, aval.dtype, shape), self.arith(y, aval.dtype, shape)], 1)
     signed = bool(jnp.issubdtype(aval.dtype, jnp.signedinteger))
@@ -304,14 +314,15 @@ def long_divide(self: Interpreter, both: Shares, width: int, signed: bool) -> tu
         negative = None
     digits = bit_digits(self, self.protocol.low_bits(self.ctx, both[:, 0], width), width)
     highest_first = jnp.moveaxis(digits[:, ::-1], 1, -1)
+    dtype = np.dtype(np.uint64 if width == 64 else np.int64)
     quotient, rest = self.eval_as(
-        _long_division,
+        _long_division_64 if width == 64 else _long_division,
         [
-            Secret(highest_first, (*shape, width), np.dtype(np.int64)),
-            Secret(both[:, 1], shape, np.dtype(np.int64)),
+            Secret(highest_first, (*shape, width), dtype),
+            Secret(both[:, 1], shape, dtype),
         ],
     )
-    results = jnp.stack([self.arith(quotient, np.int64), self.arith(rest, np.int64)], axis=1)
+    results = jnp.stack([self.arith(quotient, dtype), self.arith(rest, dtype)], axis=1)
     if negative is None:
         return results[:, 0], results[:, 1]
     # the quotient's sign is the XOR of the signs, the remainder's the dividend's
@@ -328,18 +339,20 @@ def long_divide(self: Interpreter, both: Shares, width: int, signed: bool) -> tu
     return put_back[:, 0], put_back[:, 1]
 
 
+def _one_constant(eqn: JaxprEqn, y: Value) -> bool:
+    """Whether integer division by `y` can multiply by its inverse: one constant (repeated),
+    on integers up to 32 bits."""
+    if isinstance(y, Secret | jax.core.Tracer) or np.dtype(out_aval(eqn).dtype).itemsize > 4:
+        return False
+    return bool(np.unique(np.asarray(y, np.int64)).size == 1)
+
+
 def _public_divisor(self: Interpreter, eqn: JaxprEqn, y: Value) -> np.ndarray:
-    dtype = out_aval(eqn).dtype
-    if isinstance(y, Secret | jax.core.Tracer) or np.dtype(dtype).itemsize > 4:
-        raise TraceError(
-            f"{self.where}: integer {eqn.primitive.name} of secret {np.dtype(dtype)} is "
-            f"supported by a constant divisor on integers up to 32 bits; {UNSUPPORTED_HINT}"
-        )
     divisor = np.asarray(y, np.int64)
-    if np.any(divisor == 0) or np.unique(divisor).size != 1:
+    if np.any(divisor == 0):
         raise TraceError(
-            f"{self.where}: integer {eqn.primitive.name} needs one nonzero constant divisor, "
-            f"got {divisor.reshape(-1)[:4].tolist()}"
+            f"{self.where}: integer {eqn.primitive.name} by the constant 0, which XLA leaves "
+            f"undefined; divide by a nonzero divisor"
         )
     return divisor
 
