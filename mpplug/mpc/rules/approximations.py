@@ -185,20 +185,23 @@ def _pow(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret:
                 return self.out(eqn, self.arith(jnp.ones(aval.shape, aval.dtype), aval.dtype))
             product = power(self, shares, abs(int(exponent)), True)
             return self.out(eqn, product if exponent > 0 else approx.reciprocal(self.fx, product))
-    (out,) = self.eval_as(_general_power, values)
+    smallest = 2.0**-self.ctx.frac_bits
+    (out,) = self.eval_as(lambda x, y: _general_power(x, y, smallest), values)
     return out
 
 
-def _general_power(x: jax.Array, y: jax.Array) -> jax.Array:
-    """exp(y log |x|), negated where x < 0 and y is an odd whole number; 0 ** y is 1 for
-    y = 0, else 0. A negative x to a y that is not whole (NaN in floats), and 0 to a negative
-    y (inf), have no fixed-point value: they give |x| ** y and 0."""
+def _general_power(x: jax.Array, y: jax.Array, smallest: float) -> jax.Array:
+    """exp(y log |x|), negated where x < 0 and y is an odd whole number. |x| below the
+    smallest fixed-point magnitude (a 0 encoding, or a value such as 1e-6 that rounded to
+    it) counts as that magnitude, so x ** y stays continuous in y (near 1 for a small y, as
+    floats give for a tiny x; 1 for y = 0); to a negative y it gives 0 instead of a huge
+    value. A negative x to a y that is not whole (NaN in floats) gives |x| ** y."""
     magnitude = jnp.abs(x)
-    result = jnp.exp(y * jnp.log(jnp.where(magnitude == 0, 1.0, magnitude)))
+    result = jnp.exp(y * jnp.log(jnp.maximum(magnitude, smallest)))
     whole = jnp.floor(y)
     odd = (whole == y) & (whole - 2.0 * jnp.floor(whole * 0.5) == 1.0)
     result = jnp.where((x < 0) & odd, -result, result)
-    return jnp.where(magnitude == 0, jnp.where(y == 0, 1.0, 0.0), result)
+    return jnp.where((magnitude == 0) & (y < 0), 0.0, result)
 
 
 @rule("cumlogsumexp")
