@@ -70,14 +70,20 @@ def reals(x: Any, p: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def check(fn: Any, *args: np.ndarray) -> None:
+def secure(fn: Any, *args: np.ndarray) -> Any:
+    """fn's results inside `mp.mpc.run`, each argument sealed by party n % 3."""
+
     @mp.function
     def program(*values: Any) -> Any:
         return mp.mpc.reveal(mp.mpc.run(fn, *mp.mpc.seal(values)), to=0)
 
     with mp.Simulator(3) as sim:
         handles = [sim.put(n % 3, v) for n, v in enumerate(args)]
-        got = sim.fetch(sim.evaluate(program, *handles), party=0)
+        return sim.fetch(sim.evaluate(program, *handles), party=0)
+
+
+def check(fn: Any, *args: np.ndarray) -> None:
+    got = secure(fn, *args)
     want = jax.jit(fn)(*args)
     assert set(got) == set(want)
     for name, w in want.items():
@@ -219,13 +225,7 @@ def test_64_bit_integers_and_varying_public_divisors_divide_exactly():
     v = np.array([2**63 + 1, 3, 2**64 - 2, 10], np.uint64)
     s = np.array([100, -37, 55, 9], np.int32)
 
-    @mp.function
-    def program(*values: Any) -> Any:
-        return mp.mpc.reveal(mp.mpc.run(sixty_four_bit_divisions, *mp.mpc.seal(values)), to=0)
-
-    with mp.Simulator(3) as sim:
-        handles = [sim.put(n % 3, v) for n, v in enumerate((a, d, u, v, s))]
-        got = sim.fetch(sim.evaluate(program, *handles), party=0)
+    got = secure(sixty_four_bit_divisions, a, d, u, v, s)
     with jax.enable_x64(True):
         want = jax.jit(sixty_four_bit_divisions)(a, d, u, v, s)
     assert set(got) == set(want)
