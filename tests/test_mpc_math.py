@@ -234,6 +234,21 @@ def test_64_bit_integers_and_varying_public_divisors_divide_exactly():
         np.testing.assert_array_equal(got[name], w, err_msg=name)
 
 
+def divisors_in_common(a: Any, b: Any, h: Any, k: Any) -> dict[str, Any]:
+    return {"gcd": jnp.gcd(a, b), "lcm": jnp.lcm(h, k)}
+
+
+@pytest.mark.slow
+def test_gcd_and_lcm_run_a_fixed_number_of_binary_gcd_steps():
+    """jnp.gcd loops while a secret is nonzero; inside `run` it is Stein's binary GCD for
+    2w steps (zeros, signs, int32's largest values, a power of two), and jnp.lcm on it."""
+    a = np.array([12, -18, 0, 0, 7, 2**31 - 1, 48, 1024, -35, 2**30], np.int32)
+    b = np.array([18, 12, 5, 0, 0, 2**31 - 2, -36, 96, 49, 3 * 2**20], np.int32)
+    h = np.array([4, -6, 0, 21, 120], np.int16)
+    k = np.array([6, 4, 9, -14, 100], np.int16)
+    check(divisors_in_common, a, b, h, k)
+
+
 def sealed_bools(a: Any, b: Any) -> dict[str, Any]:
     return {
         "not": jnp.logical_not(a), "invert": ~a, "and": a & b, "or": jnp.logical_or(a, b),

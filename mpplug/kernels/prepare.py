@@ -28,6 +28,9 @@ PROGRESS_EVERY_S = 1.0
 ENV_TIER_UP = "MPPLUG_TIER_UP"
 
 _COMPILES = SharedPool("mpplug-compile")
+_BACKGROUND = SharedPool("mpplug-tier-up", spare=1)
+"""Compiles no run waits for, on their own threads (one core left to the runs), so that a
+new program's preparation never queues behind another program's tier-up."""
 _exiting = threading.Event()
 # Set as the interpreter starts to exit, before concurrent.futures joins its pools' threads
 # (hooks run last registered first; its own was registered when `pools` imported it).
@@ -48,6 +51,8 @@ class Preparation:
         self.reported = False
         """Whether a run has shown these compiles (in a profile) yet."""
         self.futures: list[Future[None]] = []
+        background = step == "tier_up" and not tier_up_waits()
+        pool = (_BACKGROUND if background else _COMPILES).get()
         for pfunc in dict.fromkeys(pfuncs):
             try:
                 kernel = REGISTRY.lookup(pfunc.fn_type)
@@ -55,7 +60,7 @@ class Preparation:
                 continue
             ready = getattr(kernel, step, None)
             if ready is not None:
-                future = _COMPILES.get().submit(_quietly, ready, pfunc, runtime)
+                future = pool.submit(_quietly, ready, pfunc, runtime)
                 future.add_done_callback(self._ended)
                 self.futures.append(future)
 

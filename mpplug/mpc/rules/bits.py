@@ -165,9 +165,21 @@ def _reduce_logic(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Valu
 
 
 def _integer_logic(self: Interpreter, name: str, values: list[Value], aval: Any) -> Shares:
-    """and/or/xor of integers through their bits; a public operand's bits stay public."""
+    """and/or/xor of integers through their bits; a public operand's bits stay public, and
+    an AND with a public mask needs only the bits up to the mask's highest (`x & 1`, the
+    parity: 2 rounds, then 2 to arithmetic)."""
     secret = [v for v in values if isinstance(v, Secret)]
     public = [v for v in values if not isinstance(v, Secret)]
+    if name == "and" and public and not isinstance(public[0], jax.core.Tracer):
+        ones = np.asarray(public[0]).astype(np.int64).astype(np.uint64) & _mask(
+            width_of(aval.dtype)
+        )
+        low = int(ones.max(initial=0)).bit_length()
+        if low < width_of(aval.dtype):
+            shares = self.arith(secret[0], aval.dtype, aval.shape)
+            bits = self.protocol.low_bits(self.ctx, shares, max(low, 1))
+            kept = self.protocol.local(lambda s: s & jnp.broadcast_to(ones, aval.shape), bits)
+            return from_bits(self, kept, aval.dtype, [1 << j for j in range(max(low, 1))])
     bits = word_bits(self, secret[0], aval.dtype, aval.shape)
     if public:
         mask = jnp.broadcast_to(ring.to_ring(jnp.asarray(public[0])), aval.shape)
