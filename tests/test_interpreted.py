@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -308,12 +309,18 @@ def test_interpretation_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> 
     assert not runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest).interpreted
 
 
-def _entries(sim: mp.Simulator) -> list[bool]:
-    """Whether each jax.exec function the Simulator's parties hold runs interpreted."""
+def _entries(sim: mp.Simulator, digest: str | None = None) -> list[bool]:
+    """Whether each jax.exec function the Simulator's parties hold (for program `digest`
+    only, if given) runs interpreted."""
     found = []
     for party in sim._parties:
         cache = party.runtime.cache(jax_exec.CACHE_NAMESPACE)
-        found += [entry.interpreted for entry in cache.values()]
+        if digest is None:
+            found += [entry.interpreted for entry in cache.values()]
+            continue
+        for pfunc in dict.fromkeys(party._loaded(digest).interpreter.functions()):
+            entry = cache.get(pfunc.digest)  # None for functions of other kernels
+            found += [] if entry is None else [entry.interpreted]
     return found
 
 
@@ -321,6 +328,11 @@ def _entries(sim: mp.Simulator) -> list[bool]:
 def _secure_max(a: mp.MPObject, b: mp.MPObject) -> mp.MPObject:
     sealed = mp.mpc.seal(a), mp.mpc.seal(b)
     return mp.mpc.reveal(mp.mpc.run(lambda p, q: jnp.maximum(p * q, p - 1.5), *sealed), to=0)
+
+
+@mp.function
+def _secure_sum(a: mp.MPObject, b: mp.MPObject) -> mp.MPObject:
+    return mp.mpc.reveal(mp.mpc.run(lambda p, q: p + q, *mp.mpc.seal((a, b))), to=0)
 
 
 def test_a_secure_program_runs_interpreted_first_then_compiled(
@@ -347,8 +359,8 @@ def test_compiles_go_on_in_the_background_while_later_runs_use_the_plans(
     empty_cache: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """By default the second run starts the compiles and does not wait for them: held back
-    here, the second and third runs go on interpreted; released, every function is compiled
-    and the next run uses it."""
+    here, the second and third runs go on interpreted, and a new program runs meanwhile;
+    released, every function is compiled and the next run uses it."""
     monkeypatch.delenv(ENV_TIER_UP, raising=False)
     gate = threading.Event()
     compile_one = jax_exec.run_jax_exec.tier_up  # type: ignore[attr-defined]
@@ -369,12 +381,15 @@ def test_compiles_go_on_in_the_background_while_later_runs_use_the_plans(
             np.testing.assert_allclose(got, want, atol=1e-3)
             states = _entries(sim)
             assert states and all(states)  # nothing compiled yet: every run interpreted
+        # a new program readies its functions on threads the held-back compiles do not hold
+        other = ThreadPoolExecutor(1).submit(lambda: sim.fetch(sim.evaluate(_secure_sum, *args), 0))
+        np.testing.assert_allclose(other.result(timeout=30), x + y, atol=1e-4)
         gate.set()
         tier_ups = [party._loaded(program.digest).tier_up for party in sim._parties]
         assert sum(len(t.futures) for t in tier_ups if t is not None) == len(states)
         for tier_up in tier_ups:
             tier_up.wait("test")  # type: ignore[union-attr]
-        states = _entries(sim)
+        states = _entries(sim, program.digest)
         assert states and not any(states)
         got = sim.fetch(sim.evaluate(program, *args), party=0)
     np.testing.assert_allclose(got, want, atol=1e-3)
