@@ -35,7 +35,8 @@ from simulator import Simulator
 
 PLUGIN_DIR = Path(__file__).parent / "plugins"
 PARTY_ENV = {
-    "PYTHONPATH": os.pathsep.join(p for p in (str(PLUGIN_DIR), os.environ.get("PYTHONPATH")) if p)
+    "PYTHONPATH": os.pathsep.join(p for p in (str(PLUGIN_DIR), os.environ.get("PYTHONPATH")) if p),
+    "MPPLUG_TIER_UP_AFTER_S": "0.05",  # tests' programs are quick: compile them after a few runs
 }
 POOLED_CLUSTERS = 3
 """Party clusters kept running per test process (each party is a JAX process, ~250 MB)."""

@@ -22,7 +22,7 @@ from jax import lax
 import mpplug as mp
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels import interpreted, jax_exec
-from mpplug.kernels.prepare import ENV_TIER_UP
+from mpplug.kernels.prepare import ENV_TIER_UP, ENV_TIER_UP_AFTER
 from mpplug.kernels.runtime import KernelRuntime, LRUCache
 
 RNG = np.random.default_rng(7)
@@ -362,6 +362,7 @@ def test_compiles_go_on_in_the_background_while_later_runs_use_the_plans(
     here, the second and third runs go on interpreted, and a new program runs meanwhile;
     released, every function is compiled and the next run uses it."""
     monkeypatch.delenv(ENV_TIER_UP, raising=False)
+    monkeypatch.setenv(ENV_TIER_UP_AFTER, "0")  # compiles start at the second run
     gate = threading.Event()
     compile_one = jax_exec.run_jax_exec.tier_up  # type: ignore[attr-defined]
 
@@ -393,6 +394,25 @@ def test_compiles_go_on_in_the_background_while_later_runs_use_the_plans(
         assert states and not any(states)
         got = sim.fetch(sim.evaluate(program, *args), party=0)
     np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+def test_a_quick_program_is_compiled_only_once_its_runs_add_up_to_the_tier_up_time(
+    empty_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_TIER_UP, raising=False)
+    monkeypatch.setenv(ENV_TIER_UP_AFTER, "1000")
+    x = RNG.standard_normal(50).astype(np.float32)
+    y = RNG.standard_normal(50).astype(np.float32)
+    with mp.Simulator(3) as sim:
+        args = sim.put(0, x), sim.put(1, y)
+        program = sim.compile(_secure_max, *args)
+        for _ in range(4):
+            sim.fetch(sim.evaluate(program, *args), party=0)
+        loaded = [party._loaded(program.digest) for party in sim._parties]
+        assert all(p.tier_up is None and 0 < p.interpreted_s < 1000 for p in loaded)
+        monkeypatch.setenv(ENV_TIER_UP_AFTER, str(min(p.interpreted_s for p in loaded)))
+        sim.fetch(sim.evaluate(program, *args), party=0)  # now hot at every party
+        assert all(p.tier_up is not None for p in loaded)
 
 
 _EXITING_CHILD = """
@@ -428,6 +448,7 @@ def test_a_process_exits_without_running_the_compiles_still_queued(tmp_path: Any
     no other."""
     env = {**os.environ, "MPPLUG_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
     env.pop(ENV_TIER_UP, None)
+    env[ENV_TIER_UP_AFTER] = "0"
     done = subprocess.run(
         [sys.executable, "-c", _EXITING_CHILD], env=env, capture_output=True, text=True, timeout=300
     )

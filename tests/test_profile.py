@@ -14,6 +14,7 @@ import pytest
 import mpplug as mp
 from mpplug.core.graph import OpKind
 from mpplug.errors import PartyError
+from mpplug.kernels.prepare import ENV_TIER_UP_AFTER
 from mpplug.runtime.interpreter import Interpreter
 from mpplug.runtime.profile import CALLER, CATEGORIES
 
@@ -94,9 +95,13 @@ def test_a_profile_covers_every_op_of_every_party_and_is_a_chrome_trace(make_clu
         assert e["ts"] >= 0 and e["dur"] >= 0 and e["pid"] in names
 
 
-def test_a_kernels_preparation_and_its_compile_each_show_in_one_run(make_cluster):
-    """The first run shows the preparation; the second starts the compile in the background,
-    and the first run after it ends shows it, once."""
+def test_a_kernels_preparation_and_its_compile_each_show_in_one_run(
+    make_cluster, monkeypatch: pytest.MonkeyPatch
+):
+    """The first run shows the preparation; once the program has run for the tier-up time
+    (0.05 s here and at the test parties), a run starts the compile in the background, and
+    the first run after it ends shows it, once."""
+    monkeypatch.setenv(ENV_TIER_UP_AFTER, "0.05")
     cluster = make_cluster(2)
     x = cluster.put(1, np.arange(5, dtype=np.float32))
 
@@ -105,7 +110,7 @@ def test_a_kernels_preparation_and_its_compile_each_show_in_one_run(make_cluster
         return mp.run_jax(lambda a: a * 0.5 + 7.25, v)  # a function no other test compiles
 
     compiles = []
-    for run in range(60):
+    for run in range(200):
         with cluster.profile() as timeline:
             cluster.evaluate(fresh, x)
         spans = [s for s in timeline.spans if s.category == "compile"]

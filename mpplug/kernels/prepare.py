@@ -26,6 +26,8 @@ PROGRESS_EVERY_S = 1.0
 """At most one progress line a second per program, and none for what takes less."""
 
 ENV_TIER_UP = "MPPLUG_TIER_UP"
+ENV_TIER_UP_AFTER = "MPPLUG_TIER_UP_AFTER_S"
+DEFAULT_TIER_UP_AFTER_S = 1.0
 
 _COMPILES = SharedPool("mpplug-compile")
 _BACKGROUND = SharedPool("mpplug-tier-up", spare=1)
@@ -105,6 +107,20 @@ def tier_up_waits() -> bool:
     for measuring compiled runs from the second on); by default they go on in the background
     while runs use each function's compiled code as soon as it is there."""
     return os.environ.get(ENV_TIER_UP, "background").strip().lower() == "wait"
+
+
+def tier_up_after_s() -> float:
+    """Interpreted run time after which a program's compiles start in the background
+    (`MPPLUG_TIER_UP_AFTER_S`, default 1 s, at the second run at the earliest): a program
+    whose runs are quick is not worth compiling until it has run for a while, as JIT
+    runtimes count a function's calls before compiling it."""
+    value = os.environ.get(ENV_TIER_UP_AFTER, "").strip()
+    try:
+        return max(0.0, float(value)) if value else DEFAULT_TIER_UP_AFTER_S
+    except ValueError:
+        raise ValueError(
+            f"{ENV_TIER_UP_AFTER} must be a number of seconds, got {value!r}"
+        ) from None
 
 
 def _quietly(step: object, pfunc: PFunction, runtime: KernelRuntime) -> None:

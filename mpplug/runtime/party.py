@@ -6,6 +6,7 @@ them against its runtime.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from mpplug.kernels import KernelRuntime
 from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.devices import export_platform
 from mpplug.kernels.jax_exec import ATTR_CUSTOM_CALLS
-from mpplug.kernels.prepare import Preparation, tier_up_waits
+from mpplug.kernels.prepare import Preparation, tier_up_after_s, tier_up_waits
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
 from mpplug.runtime.interpreter import Interpreter, describe_op
@@ -123,12 +124,13 @@ class Party:
         recorder: Recorder | None = None,
     ) -> list[Any]:
         """Run program `digest` once its functions are ready (the receive timeouts start then):
-        interpreted plans where they can run the first run; from the second, each function's
-        compiled code once its compile (started then, in the background) is done.
+        interpreted plans where they can run the first run; once the program is hot (see
+        `_hot`), each function's compiled code once its compile (started then, in the
+        background) is done.
         Returns per-output values (None where not held here). With a `recorder`,
         each step is recorded in it."""
         loaded = self._loaded(digest)
-        if loaded.runs and loaded.tier_up is None:  # the second run: compile what ran interpreted
+        if loaded.runs and loaded.tier_up is None and self._hot(loaded):
             loaded.tier_up = Preparation(loaded.interpreter.functions(), self.runtime, "tier_up")
         loaded.runs += 1
         label = f"party {self.rank}: program {loaded.interpreter.graph.name!r} ({digest[:12]})"
@@ -144,9 +146,20 @@ class Party:
                     preparation.reported = True
                     if preparation.futures:
                         recorder.spans.append(_compile_span(self.rank, preparation, what))
-        return loaded.interpreter.run(
-            inputs, self.communicator, exec_id, self.runtime, timeout, recorder
-        )
+        start = time.perf_counter()
+        try:
+            return loaded.interpreter.run(
+                inputs, self.communicator, exec_id, self.runtime, timeout, recorder
+            )
+        finally:
+            if loaded.tier_up is None:
+                loaded.interpreted_s += time.perf_counter() - start
+
+    @staticmethod
+    def _hot(loaded: _Loaded) -> bool:
+        """Whether a program that has run is worth compiling now: at its second run when
+        runs wait for the compiles, else once its runs took `tier_up_after_s` in all."""
+        return tier_up_waits() or loaded.interpreted_s >= tier_up_after_s()
 
     def close(self) -> None:
         """Drop the compiles of every program's functions that have not started."""
@@ -175,4 +188,6 @@ class _Loaded:
     interpreter: Interpreter
     preparation: Preparation
     runs: int = 0
+    interpreted_s: float = 0.0
+    """Time its runs took before its compiles started."""
     tier_up: Preparation | None = None
