@@ -3,7 +3,8 @@
 
 A kernel offers this by having a `prepare(pfunc, runtime)` attribute that fills its caches
 before the first run, and may have a `tier_up(pfunc, runtime)` one that compiles what the
-first run ran interpreted, from the second on (in the background unless `MPPLUG_TIER_UP=wait`).
+first run ran interpreted, once the program is hot (in the background, unless
+`MPPLUG_TIER_UP=wait` makes the second run start them and wait).
 """
 
 from __future__ import annotations
