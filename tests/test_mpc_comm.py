@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import mpplug as mp
+from bench.mpc import comm_stats
 
 from .mpc_views import (
     ROUND,
@@ -149,6 +152,33 @@ def test_a_32_bit_sum_is_wrapped_once_before_a_comparison_and_a_64_bit_one_never
     assert measure(lambda a, b: (a + b) < b, *INTS)[0] == 9
 
 
+def test_a_loop_wraps_a_narrow_carry_only_where_its_body_makes_it_wide():
+    """A 32-bit carry that an iteration only compares and selects stays in range, so its
+    next comparison takes no wrap (11 rounds an iteration: a sign and a selection); one the
+    body sums is wrapped before each next comparison (9 rounds more, beside the other sum's
+    bit made a number), and comes out as JAX's."""
+
+    def selecting(a: Any, b: Any) -> Any:
+        return lax.fori_loop(0, 4, lambda t, c: (jnp.where(c[0] < c[1], c[0], c[1]), c[1]), (a, b))
+
+    def summing(a: Any, b: Any) -> Any:
+        return lax.fori_loop(0, 4, lambda t, c: (c[0] + c[1], c[1] + (c[0] < c[1])), (a, b))
+
+    a = np.array([2**31 - 9, -5, 7, 0], np.int32)
+    b = np.array([2**30, 3, -(2**31), 9], np.int32)
+    with mp.Simulator(3, timeout=TIMEOUT) as sim:
+        x, y = sim.put(0, a), sim.put(1, b)
+        rounds = [
+            comm_stats(sim.compile(_revealed(fn), x, y).graph, 3).shuffles
+            for fn in (selecting, summing)
+        ]
+        got = [sim.fetch(sim.evaluate(_revealed(fn), x, y), party=0) for fn in (selecting, summing)]
+    assert rounds == [4 * (8 + 3), 4 * (9 + 8 + 2)]
+    for fn, values in zip((selecting, summing), got, strict=True):
+        for value, want in zip(values, jax.jit(fn)(a, b), strict=True):
+            np.testing.assert_array_equal(value, want)
+
+
 def test_a_64_bit_comparison_is_three_signs_and_one_and_9_rounds():
     # exact over the whole int64 range: signs of a, b and a - b in one batch, one AND more
     rounds, received, messages = measure(lambda a, b: a < b, *INTS)
@@ -182,3 +212,37 @@ def test_a_party_outside_the_computing_set_receives_nothing_of_the_rounds():
     assert not [m for m in received if m.dst == 3], "party 3 only sends (its seal)"
     sent_by_3 = [classify(compiled, m) for m in received if m.src == 3]
     assert sent_by_3 == ["seal"] * 3  # one share pair to each computing party
+
+
+def test_the_quotient_and_remainder_of_the_same_operands_share_one_long_division():
+    """`div` and `rem` of the same secret integers (as `//` and `divmod` write them) cost
+    what `div` alone costs, rounds and bytes, and both come out right."""
+    x = np.array([17, -17, 9, 2**31 - 1, 0], np.int32)
+    y = np.array([5, 5, -4, 3, 7], np.int32)
+
+    def quotient(a: Any, b: Any) -> Any:
+        return lax.div(a, b)
+
+    def both(a: Any, b: Any) -> Any:
+        return lax.div(a, b), lax.rem(a, b)
+
+    costs = []
+    with mp.Simulator(3, timeout=TIMEOUT) as sim:
+        a, b = sim.put(0, x), sim.put(1, y)
+        for fn in (quotient, both):
+            program = _revealed(fn)
+            stats = comm_stats(sim.compile(program, a, b).graph, 3)
+            costs.append((stats.shuffles, stats.bytes_sent))
+        q, r = sim.fetch(sim.evaluate(_revealed(both), a, b), party=0)
+    assert costs[0] == costs[1]
+    assert costs[0][0] > 100  # a long division: one step a bit
+    np.testing.assert_array_equal(q, lax.div(x, y))
+    np.testing.assert_array_equal(r, lax.rem(x, y))
+
+
+def _revealed(fn: Any) -> Any:
+    @mp.function
+    def program(x: Any, y: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(fn, *mp.mpc.seal((x, y))), to=0)
+
+    return program

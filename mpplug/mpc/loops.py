@@ -90,6 +90,9 @@ class _Scan:
         carry_avals = [v.aval for v in eqn.outvars[: self.n_carry]]
         self.slots = [*carry_avals, *self.ys_avals]
         self.kinds: list[Kind] = [_kind(v) for v in self.init] + [None] * len(self.ys_avals)
+        self.wides = [_wide(v) for v in self.init]
+        """Whether a carried narrow integer may be wide: where it enters so, or where the body
+        gives it back so (settled as the kinds are)."""
         # invariants travel as operands only when they are values of the share program;
         # constants are captured by the body
         self.invariants = [*self.consts, *self.xs]
@@ -98,11 +101,11 @@ class _Scan:
     def run(self) -> list[Value]:
         it = self.it
         base = it.ctx.next_stream()
-        for _ in range(4):
-            closed, wanted, streams = self._trace(base)
-            if wanted == self.kinds:
+        for _ in range(6):
+            closed, wanted, wides, streams = self._trace(base)
+            if wanted == self.kinds and wides == self.wides:
                 break
-            self.kinds = wanted
+            self.kinds, self.wides = wanted, wides
         else:
             raise TraceError(f"{it.where}: a loop's carried values do not settle on one kind")
         for _ in range(self.length * streams - 1):  # the streams every iteration draws
@@ -138,12 +141,13 @@ class _Scan:
 
     # -- the body's share program ---------------------------------------------------------------
 
-    def _trace(self, base: int) -> tuple[ClosedJaxpr, list[Kind], int]:
+    def _trace(self, base: int) -> tuple[ClosedJaxpr, list[Kind], list[bool], int]:
         """The body as a share program for the current kinds: (it, the kinds its outputs
-        want, the PRF streams one iteration draws)."""
+        want, which carries it gives back wide, the PRF streams one iteration draws)."""
         it = self.it
         count = [base]
         wanted = list(self.kinds)
+        wides = list(self.wides)
 
         def next_stream() -> int:
             count[0] += 1
@@ -176,6 +180,8 @@ class _Scan:
                 new.append(_written(inner, buffer, y, index, self.ys_avals[k]))
             for k, value in enumerate(new):
                 wanted[k] = _join(wanted[k], _kind(value))
+            for k, value in enumerate(new[: self.n_carry]):
+                wides[k] = wides[k] or _wide(value)
             return [
                 _traced_as(role, self._to_kind(inner, value, wanted[k], slot))
                 for k, (value, slot) in enumerate(zip(new, self.slots, strict=True))
@@ -192,7 +198,7 @@ class _Scan:
                 *ops,
                 *slots,
             )
-        return closed, wanted, count[0] - base
+        return closed, wanted, wides, count[0] - base
 
     def _to_kind(self, it: Interpreter, value: Value, kind: Kind, aval: Any) -> Any:
         """The carried form of `value` in `kind` (which `value`'s own kind fits in)."""
@@ -227,8 +233,8 @@ class _Scan:
         kind = self.kinds[k]
         if kind is None:
             return flat
-        # a carried narrow integer may come back wide from any iteration: read as wide
-        wide = not kind and is_narrow_int(slot.dtype)
+        # a stacked output's rows may be wide; a carry is as its fixpoint says
+        wide = not kind and is_narrow_int(slot.dtype) and (k >= self.n_carry or self.wides[k])
         return Secret(flat, tuple(slot.shape), np.dtype(slot.dtype), kind, wide)
 
     def _carried(self, k: int, slot: Any) -> Any:
@@ -241,6 +247,10 @@ class _Scan:
             if self.kinds[k] is not None:  # zero words share zero in either kind
                 return _traced_as(it.ctx.role, jnp.zeros(self._slot_aval(k, slot).shape, np.uint64))
         return _traced_as(it.ctx.role, self._to_kind(it, value, self.kinds[k], slot))
+
+
+def _wide(value: Value) -> bool:
+    return isinstance(value, Secret) and value.wide
 
 
 def _traced(value: Value) -> bool:

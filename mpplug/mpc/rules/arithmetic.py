@@ -298,9 +298,15 @@ def divide_by_secret(self: Interpreter, eqn: JaxprEqn, x: Value, y: Value) -> tu
     aval = out_aval(eqn)
     width = np.dtype(aval.dtype).itemsize * 8
     shape = tuple(aval.shape)
-    both = jnp.stack([self.arith(x, aval.dtype, shape), self.arith(y, aval.dtype, shape)], 1)
     signed = bool(jnp.issubdtype(aval.dtype, jnp.signedinteger))
-    return long_divide(self, both, width, signed)
+
+    def divide() -> tuple[Shares, Shares]:
+        both = jnp.stack([self.arith(x, aval.dtype, shape), self.arith(y, aval.dtype, shape)], 1)
+        return long_divide(self, both, width, signed)
+
+    # `div` and `rem` of the same operands (`//` writes both) share one long division
+    key = tuple(v.shares if isinstance(v, Secret) else v for v in (x, y))
+    return self.remember(("divide", *key, str(aval.dtype), shape), divide)
 
 
 def long_divide(self: Interpreter, both: Shares, width: int, signed: bool) -> tuple[Shares, Shares]:
