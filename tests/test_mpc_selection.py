@@ -18,6 +18,7 @@ from jax import lax
 
 import mpplug as mp
 from mpplug.errors import TraceError
+from mpplug.mpc.rules import selection
 
 rng = np.random.default_rng(11)
 X = rng.normal(size=(3, 9)).astype(np.float32)
@@ -86,6 +87,57 @@ def refused(fn: Any, *args: np.ndarray) -> str:
     with mp.Simulator(3) as sim, pytest.raises(TraceError) as caught:
         sim.compile(program, *(sim.put(0, a) for a in args))
     return str(caught.value)
+
+
+def batcher_lower_ends(n: int) -> list[list[int]]:
+    """The lower ends of each layer of Batcher's odd-even merge sort over 2^ceil(log2 n)
+    elements, keeping the comparators that stay below n (the textbook loops)."""
+    m, layers, p = 1 << (n - 1).bit_length(), [], 1
+    while p < m:
+        k = p
+        while k >= 1:
+            layers.append(
+                [
+                    i + j
+                    for j in range(k % p, m - k, 2 * k)
+                    for i in range(min(k, m - j - k))
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n
+                ]
+            )
+            k //= 2
+        p *= 2
+    return layers
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 9, 16, 17, 100, 1001])
+def test_the_sorting_network_is_batchers_over_exactly_n_and_sorts(n: int):
+    """The secure sort's network, run in plaintext: each layer's comparators are Batcher's
+    with those past n dropped, in n // 2 slots; it sorts ties and keeps payloads stable."""
+    layers = batcher_lower_ends(n)
+    assert len(selection._layers(n)) == len(layers)
+    for (lp, lk), want in zip(selection._layers(n), layers, strict=True):
+        lower, kept, source = map(np.asarray, selection._comparators(lp, lk, n))
+        assert lower.shape == (n // 2,)
+        assert sorted(lower[kept].tolist()) == want
+        k, moved = 1 << int(lk), np.zeros(n, bool)
+        moved[lower[kept]] = moved[lower[kept] + k] = True
+        assert (source[lower[kept]] == n + np.flatnonzero(kept)).all()
+        assert (source[lower[kept] + k] == n + n // 2 + np.flatnonzero(kept)).all()
+        assert (source[~moved] == np.flatnonzero(~moved)).all()
+    keys = np.random.default_rng(n).integers(-3, 3, size=(2, n)).astype(np.int32)
+    payload = np.arange(2 * n, dtype=np.int32).reshape(2, n)
+    got_keys, got_payload = jax.jit(selection._network(2, 1, 1))(keys, payload)
+    order = np.argsort(keys, axis=1, kind="stable")
+    np.testing.assert_array_equal(got_keys, np.take_along_axis(keys, order, 1))
+    np.testing.assert_array_equal(got_payload, np.take_along_axis(payload, order, 1))
+
+
+def test_the_sorting_network_sorts_every_input_of_zeros_and_ones():
+    """The 0-1 principle: a network that sorts every 0-1 input sorts every input."""
+    for n in range(2, 13):
+        bits = np.array(np.unravel_index(np.arange(2**n), (2,) * n), np.int32)
+        (got,) = jax.jit(selection._network(1, 1, 0))(bits)
+        assert (np.diff(np.asarray(got), axis=0) >= 0).all(), n
 
 
 def test_a_while_loop_on_secrets_is_refused_with_the_way_out():

@@ -7,14 +7,16 @@ each one comparison and one selection (11 rounds per level); ties keep the lower
 numpy does.
 
 `sort` (one or several operands, any number of keys; `jnp.sort`, `argsort`, `lexsort`,
-`median`, `quantile`) and `top_k`: Batcher's bitonic sorting network (Batcher, "Sorting
-networks and their applications", AFIPS 1968), data-oblivious as SPU's and CrypTen's sorts
-are: the axis is padded to m = 2^ceil(log2 n) with copies of the largest key, then
-log2(m)(log2(m) + 1)/2 layers each run m/2 compare-exchanges, one comparison (lexicographic
-over the keys, one comparison and one equality more per extra key) and one selection per
-operand: 11 rounds a layer for one key. With operands beyond the keys (argsort) the original
-position is one more key, so equal keys keep their order (stable, as JAX sorts). The layers
-are one loop of the share program (its body traced and compiled once), not unrolled.
+`median`, `quantile`) and `top_k`: Batcher's odd-even merge sorting network (Batcher,
+"Sorting networks and their applications", AFIPS 1968), data-oblivious as SPU's and CrypTen's
+sorting networks are, over exactly n elements: the network for m = 2^ceil(log2 n) with every
+comparator that reaches past n dropped (no padding: each comparator sends the smaller value to
+the lower position, so virtual +inf elements past n would never move). log2(m)(log2(m) + 1)/2
+layers each run at most n/2 compare-exchanges (one loop of the share program: a fixed n // 2
+slots a layer, empty slots left as they are), each one comparison (lexicographic over the
+keys, one comparison and one equality more per extra key) and one selection per operand:
+11 rounds a layer for one key. With operands beyond the keys (argsort) the original position
+is one more key, so equal keys keep their order (stable, as JAX sorts).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from jax.extend.core import JaxprEqn
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
 from mpplug.mpc.rules.comparison import below_arith
-from mpplug.mpc.secret import Secret, Value, is_float
+from mpplug.mpc.secret import Secret, Value, is_float, is_narrow_int
 
 if TYPE_CHECKING:
     from mpplug.mpc.interpreter import Interpreter
@@ -118,7 +120,7 @@ def _cumulative(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret
 @rule("sort")
 def _sort(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
     params = eqn.params
-    network = _bitonic(len(values), int(params["num_keys"]), int(params["dimension"]))
+    network = _network(len(values), int(params["num_keys"]), int(params["dimension"]))
     return _eval_as(self, network, eqn, values)
 
 
@@ -146,21 +148,60 @@ def _eval_as(
     return outs if eqn.primitive.multiple_results else outs[0]
 
 
-def _layers(m: int) -> np.ndarray:
-    """(j, k, log2 j) of each layer of a bitonic network over m = 2^p elements."""
+def _layers(n: int) -> np.ndarray:
+    """(log2 p, log2 k) of each layer of Batcher's odd-even merge sort over n elements: for
+    merges of sorted runs of p = 1, 2, 4, ... (while p < n), comparators at distance
+    k = p, p/2, ..., 1."""
     rows = []
-    k = 2
-    while k <= m:
-        j = k // 2
-        while j >= 1:
-            rows.append((j, k, j.bit_length() - 1))
-            j //= 2
-        k *= 2
+    p = 1
+    while p < n:
+        k = p
+        while k >= 1:
+            rows.append((p.bit_length() - 1, k.bit_length() - 1))
+            k //= 2
+        p *= 2
     return np.asarray(rows, np.int32)
 
 
-def _bitonic(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[jax.Array, ...]]:
-    """`lax.sort(operands, dimension, num_keys)` as a bitonic network in plain JAX."""
+def _comparators(lp: jax.Array, lk: jax.Array, n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer's comparators (i, i + k), smaller value to i, as n // 2 slots: each slot's
+    lower position, whether the slot holds a comparator, and each position's source in
+    [positions, slots' smaller, slots' larger] (public arithmetic on the layer's p, k).
+
+    Before pruning, a layer's lower ends are, in order, k consecutive positions every 2k from
+    k mod p, skipping the group that would reach into the next run of 2p: G = max(1, p/k - 1)
+    groups a run. Comparators reaching past n are dropped (the virtual ends there hold +inf,
+    which never moves as every comparator sends the smaller value down), so the kept ones are
+    a prefix of the slots: at most n // 2, as they share no position."""
+    half = n // 2
+    k = jnp.left_shift(1, lk)
+    run = jnp.left_shift(2, lp)  # 2p
+    first = k & (run // 2 - 1)  # k mod p: k, or 0 when k = p
+    groups = jnp.maximum(1, jnp.right_shift(run // 2, lk) - 1)
+    slot = jnp.arange(half, dtype=jnp.int32)
+    group = slot >> lk
+    lower = lax.div(group, groups) * run + first + 2 * k * lax.rem(group, groups) + (slot & (k - 1))
+    kept = lower + k < n
+
+    position = jnp.arange(n, dtype=jnp.int32)
+
+    def slot_of(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(whether x is a kept lower end, its slot)."""
+        within = (x & (run - 1)) - first
+        group_in_run, offset = lax.div(within, 2 * k), within & (2 * k - 1)
+        is_lower = (within >= 0) & (offset < k) & (group_in_run < groups) & (x + k < n)
+        return is_lower, (lax.div(x, run) * groups + group_in_run) * k + offset
+
+    is_lower, own = slot_of(position)
+    is_upper, partner = slot_of(position - k)
+    is_upper = is_upper & (position >= k)
+    source = jnp.where(is_lower, n + own, jnp.where(is_upper, n + half + partner, position))
+    return lower, kept, source
+
+
+def _network(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[jax.Array, ...]]:
+    """`lax.sort(operands, dimension, num_keys)` as an odd-even merge sorting network in
+    plain JAX, its layers one loop."""
 
     def network(*operands: jax.Array) -> tuple[jax.Array, ...]:
         flags = [o.dtype == jnp.bool_ for o in operands]  # bools sort as 0 and 1
@@ -170,49 +211,34 @@ def _bitonic(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[j
         if n < 2:
             return tuple(operands)
         keys = num_keys
-        if count > num_keys:  # positions as a last key: stable, and pads stay behind
+        if count > num_keys:  # positions as a last key: stable
             ops.insert(keys, lax.broadcasted_iota(jnp.int32, ops[0].shape, ops[0].ndim - 1))
             keys += 1
-        m = 1 << (n - 1).bit_length()
-        if m > n:
-            ops = [_pad(o, m, i < keys) for i, o in enumerate(ops)]
-        table = jnp.asarray(_layers(m))
-        half = jnp.arange(m // 2, dtype=jnp.int32)
-        whole = jnp.arange(m, dtype=jnp.int32)
+        table = jnp.asarray(_layers(n))
 
         def layer(t: jax.Array, state: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-            j, k, q = table[t, 0], table[t, 1], table[t, 2]
-            lo = ((half >> q) << (q + 1)) | (half & (j - 1))
-            hi = lo | j
-            up = (lo & k) == 0
-            a = [jnp.take(o, lo, axis=-1, mode="clip") for o in state]
-            b = [jnp.take(o, hi, axis=-1, mode="clip") for o in state]
-            first = [jnp.where(up, x, y) for x, y in zip(a[:keys], b[:keys], strict=True)]
-            second = [jnp.where(up, y, x) for x, y in zip(a[:keys], b[:keys], strict=True)]
-            swap = _less(second, first)
+            lower, kept, source = _comparators(table[t, 0], table[t, 1], n)
+            upper = lower + jnp.left_shift(1, table[t, 1])
+            a = [jnp.take(o, lower, axis=-1, mode="clip") for o in state]
+            b = [jnp.take(o, upper, axis=-1, mode="clip") for o in state]
+            swap = _less(b[:keys], a[:keys])
             out = []
-            for x, y in zip(a, b, strict=True):
-                low = jnp.where(swap, y, x)
-                merged = jnp.concatenate([low, x + y - low], axis=-1)
-                packed = ((whole >> (q + 1)) << q) | (whole & (j - 1))
-                back = jnp.where((whole & j) == 0, packed, m // 2 + packed)
-                out.append(jnp.take(merged, back, axis=-1, mode="clip"))
+            for o, x, y in zip(state, a, b, strict=True):
+                low = jnp.where(swap, jnp.where(kept, y, x), x)  # empty slots keep x: no AND
+                # x + y - low saves a product, but a narrow integer's sum counts as wide and
+                # would be wrapped before its next comparison (9 rounds): select it instead
+                high = jnp.where(swap, x, y) if is_narrow_int(o.dtype) else x + y - low
+                merged = jnp.concatenate([o, low, high], axis=-1)
+                out.append(jnp.take(merged, source, axis=-1, mode="clip"))
             return tuple(out)
 
-        ops = list(lax.fori_loop(0, len(_layers(m)), layer, tuple(ops)))
+        ops = list(lax.fori_loop(0, len(_layers(n)), layer, tuple(ops)))
         if count > num_keys:
             del ops[num_keys]
         ops = [o.astype(jnp.bool_) if flag else o for o, flag in zip(ops, flags, strict=True)]
-        return tuple(jnp.moveaxis(o[..., :n], -1, dimension) for o in ops)
+        return tuple(jnp.moveaxis(o, -1, dimension) for o in ops)
 
     return network
-
-
-def _pad(x: jax.Array, m: int, key: bool) -> jax.Array:
-    """`x` padded along its last axis to m: keys with their largest value (never ahead of a
-    real element once positions break ties), other operands with zeros."""
-    fill = jnp.max(x, axis=-1, keepdims=True) if key else jnp.zeros((*x.shape[:-1], 1), x.dtype)
-    return jnp.concatenate([x, jnp.broadcast_to(fill, (*x.shape[:-1], m - x.shape[-1]))], -1)
 
 
 def _less(a: list[jax.Array], b: list[jax.Array]) -> jax.Array:
