@@ -9,8 +9,7 @@ public product and a floor: exact in fixed point) and sum the Taylor series of s
 17 (nine products); tan is their quotient. atan takes 1/x beyond |x| = 1, one half-angle step
 t / (1 + sqrt(1 + t^2)) brings it under tan(pi/8), and its odd Taylor series to degree 17
 finishes; asin, acos and atan2 are written through it. erf and erfc follow Abramowitz and
-Stegun 7.1.26 (a reciprocal, a degree-5 polynomial and exp(-x^2)) on |x| clipped to 5, so
-exp's error dominates.
+Stegun 7.1.26 (a reciprocal, a degree-5 polynomial and exp(-x^2)) on |x| clipped to 5.
 """
 
 from __future__ import annotations
