@@ -6,7 +6,7 @@ constants of either sign, conversions to narrower or differently signed integers
 bool, split and XOR-reduce; floor, ceil, trunc, round to even and away from zero at exact
 ties; prod, cumprod, cummax, cummin, cumlogsumexp; sin, erf, gelu and sinh (at their
 documented errors);
-division and shifts by secret integers, scatter at secret rows, signbit and nextafter;
+division and shifts by secret integers, scatter at secret rows, signbit, nextafter, ldexp;
 int32, int16 and uint16 sums and products wrapped at their width before what reads past it.
 Every function written through exp, log, sqrt and 1/x by an identity (`_IDENTITIES`) is
 checked against JAX in plaintext: the identity is what its rule adds to those parts, whose
@@ -37,7 +37,7 @@ EXACT = ("floor", "ceil", "trunc", "round_even", "round_away", "prod", "cumprod"
 APPROXIMATE = {
     "sin": 1e-4, "erf": 2e-3, "gelu": 3e-3, "sinh": 3e-3, "nextafter": 4e-6, "interp": 1e-4,
     "float_power": 1e-2, "power_secret": 1e-2, "power_array": 1e-2, "cumlogsumexp": 5e-3,
-    "tiny_base": 1e-2,
+    "tiny_base": 1e-2, "ldexp_down": 4e-6, "ldexp_secret": 1e-4,
 }  # fmt: skip
 
 
@@ -170,6 +170,8 @@ def secret_divisors_and_positions(a: Any, d: Any, u: Any, v: Any, x: Any, i: Any
         "public_add": rows.at[jnp.array([0, 0])].add(rows[:2]), "public_set": x.at[3].set(x[0]),
         "signbit": jnp.signbit(x), "copysign": jnp.copysign(x, x[::-1]),
         "nextafter": jnp.nextafter(x, x[::-1]),
+        "ldexp": jnp.ldexp(x, 3), "ldexp_down": jnp.ldexp(x, -3),
+        "ldexp_secret": jnp.ldexp(x[:8], jnp.clip(d, -3, 3)),
     }  # fmt: skip
 
 
@@ -178,7 +180,8 @@ def test_division_by_secret_integers_and_writes_at_secret_positions_are_exact():
     """Long division by secret divisors of both signs (int32 extremes, uint16); shifts by
     secret amounts, negative ones (outside the width) included; scatter and
     scatter-add at secret rows, a duplicate adding twice, -1 wrapping to the last row, an
-    index past the end dropped (or clipped); signbit and nextafter in fixed point."""
+    index past the end dropped (or clipped); signbit, nextafter and ldexp (by a constant up
+    exact, down within a unit of 2^-18, by a secret through exp2) in fixed point."""
     a = np.array([17, -17, 17, -17, 0, 2**31 - 1, -(2**31) + 1, 100], np.int32)
     d = np.array([5, 5, -5, -5, 3, 7, 3, 1], np.int32)
     u, v = np.array([65535, 17, 3, 0], np.uint16), np.array([255, 5, 7, 9], np.uint16)

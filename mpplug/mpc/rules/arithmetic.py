@@ -438,3 +438,14 @@ def binary_gcd(x1: jax.Array, x2: jax.Array) -> jax.Array:
 
 
 NAMED_FUNCTIONS["gcd"] = binary_gcd  # jnp.gcd loops while a secret is nonzero
+
+
+def scale_by_power_of_two(x: jax.Array, n: jax.Array) -> jax.Array:
+    """`jnp.ldexp(x, n)` = x 2^n, which JAX computes on the float's bits: a public n is an
+    exact power of two (a shift of the fixed-point value, or a truncation below 2^0); a
+    secret n goes through exp2 (exp's relative error)."""
+    dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+    return jnp.asarray(x, dtype) * jnp.exp2(jnp.asarray(n, dtype))
+
+
+NAMED_FUNCTIONS["ldexp"] = scale_by_power_of_two
