@@ -261,9 +261,9 @@ class PartySpec:
     """One party: `endpoint` is what others dial, `listen` what the server binds; `data` and
     `outputs` are what programs may read and write there (by dataset name, never by path).
 
-    `bulk`, if set, is the "host:port" other parties dial to send this party values larger
-    than a chunk over a connection of their own (mpplug.remote.bulk); the party listens for
-    them on `listen`'s host at `bulk`'s port. Without it such values stream over gRPC.
+    `bulk`, if set, is the "host:port" other parties dial to send this party values over a
+    connection of their own (mpplug.remote.bulk); the party listens for them on `listen`'s
+    host at `bulk`'s port. Without it values go over gRPC.
     """
 
     name: str

@@ -149,6 +149,18 @@ def test_a_value_over_a_chunk_arrives_intact_over_one_kept_connection():
         assert receiver.listener.open_connections() == 1
 
 
+def test_small_values_take_the_bulk_connection_too():
+    """A round of mp.mpc sends kilobytes: they go over the kept connection, not gRPC."""
+    spec = ClusterSpec.local(2)  # nothing serves gRPC
+    small = [np.arange(n, dtype=np.uint64) for n in (0, 1, 1000)]
+    with receiving(spec) as receiver, sender(spec) as comm:
+        for op, value in enumerate(small):
+            comm.send(_key(op), value)
+        for op, value in enumerate(small):
+            np.testing.assert_array_equal(receiver.mailbox.take(_key(op), 1.0), value)
+        assert receiver.listener.open_connections() == 1
+
+
 def test_a_party_without_a_bulk_port_gets_large_values_over_grpc():
     data = ClusterSpec.local(2).to_dict()
     del data["parties"][1]["bulk"]

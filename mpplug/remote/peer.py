@@ -1,8 +1,8 @@
 """The party-to-party data plane: a gRPC `Communicator` and the peer service feeding its mailbox.
 
-A send streams the tensor straight to the destination's PeerService (or, for a value over one
-chunk to a party with a bulk port, over a bulk connection: mpplug.remote.bulk), which validates
-it and delivers it into that party's Mailbox; the driver never relays values. A send whose
+A send streams the tensor straight to the destination's PeerService (or, to a party with a
+bulk port, over a bulk connection: mpplug.remote.bulk), which validates it and delivers it
+into that party's Mailbox; the driver never relays values. A send whose
 connection fails is tried again on a new one until its deadline. Sends in flight for an
 execution are cancelled when it is aborted, so a dead peer does not hold the party until the
 send's deadline.
@@ -122,7 +122,7 @@ class PeerCommunicator(Communicator):
             type=value_type,
             scope=key.scope,
         )
-        bulk = not fits_one_chunk(array.nbytes) and self._links.reaches(key.dst)
+        bulk = self._links.reaches(key.dst)
         give_up = time.monotonic() + transfer_deadline(self.timeout, array.nbytes)
         pause = RETRY_FIRST_S
         while True:
