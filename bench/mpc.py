@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import mpplug as mp
+import mpplug.mpc  # before any clock starts, as spu_bench imports spu (mp.mpc loads lazily)
 from bench.timing import samples
 from mpplug.core.graph import OpKind
 from mpplug.kernels.builtin import CONSTANT, COUNTER

@@ -5,7 +5,8 @@ SPU's first call; and the Driver with three local party processes beside the Sim
     python -m bench.mpc_start [--spu /tmp/spu.json] [--only SUBSTRING] [--driver] [--json F]
 
 first = `compile` (trace) + the first evaluate and fetch, timed inside the fresh process after
-its inputs are put (SPU's first_s also starts from inputs at hand). Targets (with --spu):
+its inputs are put and `mpplug.mpc` is imported (SPU's first_s also starts from inputs at hand,
+after `import spu`). Targets (with --spu):
 cold <= 2x SPU's first call, warm <= 1x; with --driver: the Driver's first evaluate <= 2x
 the Simulator's and its cached wall <= 2x the Simulator's. Exit code 1 when one is missed.
 """
