@@ -619,3 +619,21 @@ def test_sealed_repr_and_program_ir_name_the_mpc_steps():
     for name in ("mpc.", "trunc.pair", "trunc.bits", "and.reshare", "jax.exec:split"):
         assert name in ir, name
     assert "shuffle" in ir
+
+
+@pytest.mark.parametrize("frac_bits", [6, 12, 24])
+def test_exp_runs_at_any_fixed_point_precision(frac_bits: int):
+    """exp's squarings keep up to 30 fraction bits, as many as the range allows at each
+    precision (at 6 bits t^2/2 is still truncated, never shifted up)."""
+    x = np.array([-3.0, -1.0, -0.25, 0.0, 0.5, 1.0, 2.0], np.float32)
+
+    @mp.function
+    def program(v: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(jnp.exp, mp.mpc.seal(v, frac_bits=frac_bits)), to=0)
+
+    with mp.Simulator(3) as sim:
+        got = np.asarray(sim.fetch(sim.evaluate(program, sim.put(0, x)), party=0), np.float64)
+    want = np.exp(x.astype(np.float64))
+    t = x.astype(np.float64) / 256
+    method = np.abs((1 + t + t**2 / 2) ** 256 - want)
+    np.testing.assert_array_less(np.abs(got - want), method + 8 * 2.0**-frac_bits + 1e-4 * want)

@@ -1,5 +1,7 @@
 """Sorting, secret control flow and secret indexing inside `mp.mpc.run`, against plain JAX:
-`jnp.sort` (any axis, descending), a stable `argsort` with ties, `lax.top_k`, `jnp.median`;
+`jnp.sort` (any axis, descending), a stable `argsort` with ties, a public payload sorted by
+secret keys (its values exact where a float32 sum of two would round), `lax.top_k`,
+`jnp.median`;
 `lax.cond` / `lax.switch` / `select_n` over three cases with secret predicates and indices;
 `table[i]`, `jnp.take` and `jnp.take_along_axis` with secret indices into secret and public
 tables (negative indices too), `lax.dynamic_slice` and `lax.dynamic_update_slice` with secret
@@ -28,6 +30,7 @@ T = rng.normal(size=(37,)).astype(np.float32)
 IDX = np.array([[0, 36, 5], [17, 17, 2]], np.int32)
 J = np.int32(2)
 PUBLIC = rng.normal(size=(37,)).astype(np.float32)
+LARGE = np.array([2.0, 2.0**23 - 0.5, 1.25], np.float32)  # a float32 sum of two rounds
 
 
 def computations(x: Any, k: Any, t: Any, i: Any, j: Any) -> dict[str, Any]:
@@ -38,6 +41,7 @@ def computations(x: Any, k: Any, t: Any, i: Any, j: Any) -> dict[str, Any]:
         "sort_descending": jnp.sort(x[0], descending=True),
         "argsort_stable": jnp.argsort(k),
         "sort_ints": jnp.sort(k),
+        "sort_public_payload": lax.sort((k[1:4], jnp.asarray(LARGE)), num_keys=1),
         "top_k": lax.top_k(x, 3),
         "median": jnp.median(x, axis=1),
         "cond": lax.cond(x[0, 0] > 0, lambda v: (v * 2, v > 0), lambda v: (v - 1, v < 0), x[0]),

@@ -39,10 +39,11 @@ def exp(fx: Fxp, x: Shares, saturate: bool = False) -> Shares:
     Each squaring doubles the relative error its operand brings, so a rounding in the base
     comes out 256 times larger (2e-3 at f = 18). With precise truncation the base and the
     early squarings carry up to 30 fraction bits (`exp_fraction_bits`: as many as keep each
-    product below 2^62 over the whole input range), and each truncation brings the product to
-    the next one's bits (by at most 32, as cheap as f's); t is then x shifted up, with no
-    truncation of its own (108 bytes an element where it was 121). Rounding adds about 1e-5
-    relative above 1 and a few units of 2^-f below."""
+    product below 2^62 over the whole input range, and at most 2f + 16 so that t^2/2 is still
+    truncated), and each truncation brings the product to the next one's bits (for f <= 22 by
+    at most 32, as cheap as f's, and t is x shifted up, with no truncation of its own: 108
+    bytes an element where it was 121). Rounding adds about 1e-5 relative above 1 and a few
+    units of 2^-f below."""
     below_floor = fx.is_negative(fx.add_const(x, -EXP_FLOOR)) if saturate else None
     bits = exp_fraction_bits(fx.f) if fx.ctx.truncation == "precise" else (fx.f,) * 9
     t = fx.scale_pow2(x, bits[0] - fx.f - EXP_SQUARINGS)  # x/256 with bits[0] fraction bits
@@ -61,7 +62,7 @@ def exp_fraction_bits(f: int) -> tuple[int, ...]:
     squared would reach 2^62."""
     top = (62 - 2 * f) * math.log(2)
     bits = [
-        min(30, max(f, math.floor(30.5 - top / 2 ** (EXP_SQUARINGS - k) / math.log(2))))
+        min(30, 2 * f + 16, max(f, math.floor(30.5 - top / 2 ** (EXP_SQUARINGS - k) / math.log(2))))
         for k in range(EXP_SQUARINGS)
     ]
     return (*bits, f)

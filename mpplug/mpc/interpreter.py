@@ -366,6 +366,8 @@ def _token(part: Any) -> Any:
     value = np.asarray(part)
     if value.dtype == object:
         return ("id", id(part))
+    if value.dtype.kind in "iu" and value.size and max(abs(int(v)) for v in value.flat) > 2**53:
+        return ("constant", value.shape, tuple(int(v) for v in value.flat))  # beyond float64
     return ("constant", value.shape, value.astype(np.float64).tobytes())
 
 

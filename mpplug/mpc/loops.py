@@ -101,7 +101,7 @@ class _Scan:
     def run(self) -> list[Value]:
         it = self.it
         base = it.ctx.next_stream()
-        for _ in range(6):
+        for _ in range(3 * len(self.slots) + 1):  # each retrace moves a slot's kind or wide up
             closed, wanted, wides, streams = self._trace(base)
             if wanted == self.kinds and wides == self.wides:
                 break

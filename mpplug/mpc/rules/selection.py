@@ -225,8 +225,9 @@ def _network(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[j
             out = []
             for o, x, y in zip(state, a, b, strict=True):
                 low = jnp.where(swap, jnp.where(kept, y, x), x)  # empty slots keep x: no AND
-                # x + y - low saves a product, but a narrow integer's sum counts as wide and
-                # would be wrapped before its next comparison (9 rounds): select it instead
+                # x + y - low saves a product (a public payload is lifted to shares as the
+                # loop's carry, so no float sum rounds), but a narrow integer's sum counts as
+                # wide and would be wrapped before its next comparison (9 rounds): select it
                 high = jnp.where(swap, x, y) if is_narrow_int(o.dtype) else x + y - low
                 merged = jnp.concatenate([o, low, high], axis=-1)
                 out.append(jnp.take(merged, source, axis=-1, mode="clip"))
