@@ -203,13 +203,13 @@ def main() -> int:
                 with Simulator(3) as sim:
                     times = round_trips(driver, sim)
                 for measurement, loop, unrolled, ratio, value in loop_rows(
-                    driver, "3 parties over gRPC"
+                    driver, "3 parties (Driver)"
                 ):
                     rows.append((measurement, loop, unrolled, ratio))
                     if value is not None:
                         targets.append(
                             Target(
-                                f"3 parties over gRPC: fori_loop <= {TARGET_RATIO}x unrolled",
+                                f"3 parties (Driver): fori_loop <= {TARGET_RATIO}x unrolled",
                                 value <= TARGET_RATIO,
                                 ratio,
                             )

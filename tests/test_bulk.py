@@ -22,7 +22,7 @@ import pytest
 from mpplug.config import ClusterSpec, TLSFiles, free_port
 from mpplug.errors import CommTimeoutError, ExecutionAborted, PartyUnavailableError
 from mpplug.protos import service_pb2 as pb
-from mpplug.remote.bulk import MAGIC, Listener, client_context
+from mpplug.remote.bulk import IDLE_LINKS_PER_PEER, MAGIC, Links, Listener, client_context
 from mpplug.remote.certs import DRIVER, with_tls, write_dev_certs
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.peer import PEER_SERVICE, PeerCommunicator, PeerServicer
@@ -159,6 +159,33 @@ def test_small_values_take_the_bulk_connection_too():
         for op, value in enumerate(small):
             np.testing.assert_array_equal(receiver.mailbox.take(_key(op), 1.0), value)
         assert receiver.listener.open_connections() == 1
+
+
+def test_concurrent_small_values_use_the_kept_links_or_grpc_never_new_connections():
+    """Past IDLE_LINKS_PER_PEER small values on their way to one peer, the next goes over
+    gRPC: sixteen concurrent executions neither open nor drop a connection per value."""
+    links = Links(ClusterSpec.local(2), None)
+    taken = [links.take_small(1) for _ in range(IDLE_LINKS_PER_PEER)]
+    assert all(link is not None for link in taken)
+    assert links.take_small(1) is None
+    links.release_small(1)
+    assert links.take_small(1) is not None
+
+    spec = ClusterSpec.local(2)
+    with receiving(spec) as receiver, sender(spec) as comm:
+        server = grpc.server(ThreadPoolExecutor(16))  # PeerService into the same mailbox
+        add_service(server, receiver.inbox, PEER_SERVICE, receiver.inbox.RAW_REQUESTS)
+        server.add_insecure_port(spec.parties[1].endpoint)
+        server.start()
+        try:
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda op: comm.send(_key(op), np.full(100, op)), range(64)))
+            for op in range(64):
+                got = receiver.mailbox.take(_key(op), 1.0)
+                np.testing.assert_array_equal(got, np.full(100, op))
+            assert receiver.listener.open_connections() <= IDLE_LINKS_PER_PEER
+        finally:
+            server.stop(0)
 
 
 def test_a_party_without_a_bulk_port_gets_large_values_over_grpc():

@@ -316,6 +316,8 @@ class Links:
         self._spec = spec
         self.context = client_context(tls) if tls is not None else None
         self._idle: dict[int, list[Link]] = {}
+        self._small: dict[int, int] = {}
+        """Values of one chunk or less on their way to each peer over a link."""
         self._lock = threading.Lock()
         self._closed = False
 
@@ -338,6 +340,21 @@ class Links:
         party = self._spec.parties[rank]
         assert party.bulk is not None
         return Link(rank, party.name, split_endpoint(party.bulk, f"party {party.name} bulk"))
+
+    def take_small(self, rank: int) -> Link | None:
+        """A link for a value of one chunk or less (`release_small` once it is sent), or None
+        while IDLE_LINKS_PER_PEER such values to `rank` are on their way already: the caller
+        sends it over gRPC instead, so concurrent executions reuse the kept links and never
+        open connections to drop them after one value."""
+        with self._lock:
+            if self._small.get(rank, 0) >= IDLE_LINKS_PER_PEER:
+                return None
+            self._small[rank] = self._small.get(rank, 0) + 1
+        return self.take(rank)
+
+    def release_small(self, rank: int) -> None:
+        with self._lock:
+            self._small[rank] -= 1
 
     def give_back(self, link: Link) -> None:
         """Keep `link` for the next value to its party (or close it if enough are kept)."""

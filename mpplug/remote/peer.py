@@ -25,7 +25,7 @@ from mpplug.core.validate import MAX_REGION_DEPTH
 from mpplug.errors import ExecutionAborted, PartyUnavailableError, WireError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
-from mpplug.remote.bulk import Admitted, DeadlinePassed, Links, Refused
+from mpplug.remote.bulk import Admitted, DeadlinePassed, Link, Links, Refused
 from mpplug.remote.channels import keepalive_for, open_channel
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.rpc import (
@@ -164,35 +164,52 @@ class PeerCommunicator(Communicator):
 
     def _send_bulk(self, key: Key, header: pb.PeerHeader, array: Any, give_up: float) -> None:
         """One try over a bulk connection (another at once if a kept one turns out closed
-        before it took the value); _Failed as a PeerService call would fail."""
+        before it took the value); _Failed as a PeerService call would fail. A value of one
+        chunk or less goes over PeerService when the peer's kept links are all busy."""
         head, payload = header.SerializeToString(), as_bytes_view(array)
+        small = fits_one_chunk(array.nbytes)
         while True:
-            link = self._links.take(key.dst)
+            link = self._links.take_small(key.dst) if small else self._links.take(key.dst)
+            if link is None:
+                self._send_call(key, header, array, give_up)
+                return
             try:
-                self._track(key, link)
-                link.send(head, payload, give_up, self.timeout, self._links.context)
-            except Refused as exc:
-                self._links.give_back(link)
-                raise _Failed(exc.code, exc.details) from None
-            except (OSError, ssl.SSLError) as exc:
-                link.close()
-                if link.cancelled or key.exec_id in self._cancelled:
-                    raise self._aborted(key) from None
-                if link.reused and not isinstance(exc, TimeoutError):
-                    continue  # closed while kept; the value never went
-                code = (
-                    grpc.StatusCode.DEADLINE_EXCEEDED
-                    if isinstance(exc, DeadlinePassed)
-                    else grpc.StatusCode.UNAVAILABLE  # down, cut off or stalled: tried again
-                )
-                raise _Failed(code, f"bulk connection: {exc or type(exc).__name__}") from None
-            except BaseException:
-                link.close()
-                raise
+                if self._sent_over(link, key, head, payload, give_up):
+                    return
             finally:
-                self._untrack(key.exec_id, link)
+                if small:
+                    self._links.release_small(key.dst)
+
+    def _sent_over(
+        self, link: Link, key: Key, head: bytes, payload: memoryview, give_up: float
+    ) -> bool:
+        """Send over `link`, then keep it; False if it was a kept one found closed before the
+        value went (try another)."""
+        try:
+            self._track(key, link)
+            link.send(head, payload, give_up, self.timeout, self._links.context)
+        except Refused as exc:
             self._links.give_back(link)
-            return
+            raise _Failed(exc.code, exc.details) from None
+        except (OSError, ssl.SSLError) as exc:
+            link.close()
+            if link.cancelled or key.exec_id in self._cancelled:
+                raise self._aborted(key) from None
+            if link.reused and not isinstance(exc, TimeoutError):
+                return False  # closed while kept; the value never went
+            code = (
+                grpc.StatusCode.DEADLINE_EXCEEDED
+                if isinstance(exc, DeadlinePassed)
+                else grpc.StatusCode.UNAVAILABLE  # down, cut off or stalled: tried again
+            )
+            raise _Failed(code, f"bulk connection: {exc or type(exc).__name__}") from None
+        except BaseException:
+            link.close()
+            raise
+        finally:
+            self._untrack(key.exec_id, link)
+        self._links.give_back(link)
+        return True
 
     def recv(self, key: Key, timeout: float) -> Any:
         return self._mailbox.take(key, timeout)
