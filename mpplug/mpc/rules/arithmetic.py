@@ -443,8 +443,10 @@ NAMED_FUNCTIONS["gcd"] = binary_gcd  # jnp.gcd loops while a secret is nonzero
 def scale_by_power_of_two(x: jax.Array, n: jax.Array) -> jax.Array:
     """`jnp.ldexp(x, n)` = x 2^n, which JAX computes on the float's bits: a public n is an
     exact power of two (a shift of the fixed-point value, or a truncation below 2^0) for
-    n >= -f (below, 2^n itself is under the resolution and the product is 0); a secret n goes
-    through exp2 (exp's relative error). An integer x gives float32, as JAX's does."""
+    n >= -(f + MAX_EXTRA_BITS), the extra bits `times_public` gives a small constant (n >= -f
+    for a public n computed in the program); below, 2^n is under the resolution and the
+    product is 0. A secret n goes through exp2 (exp's relative error). An integer x gives
+    float32, as JAX's does."""
     dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
     return jnp.asarray(x, dtype) * jnp.exp2(jnp.asarray(n, dtype))
 
