@@ -233,7 +233,7 @@ def _network(count: int, num_keys: int, dimension: int) -> Callable[..., tuple[j
                 out.append(jnp.take(merged, source, axis=-1, mode="clip"))
             return tuple(out)
 
-        ops = list(lax.fori_loop(0, len(_layers(n)), layer, tuple(ops)))
+        ops = list(lax.fori_loop(0, len(table), layer, tuple(ops)))
         if count > num_keys:
             del ops[num_keys]
         ops = [o.astype(jnp.bool_) if flag else o for o, flag in zip(ops, flags, strict=True)]
