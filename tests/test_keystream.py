@@ -59,7 +59,11 @@ def test_blocks_are_chacha20_with_the_stream_in_the_nonce(stream: int):
 
 
 def run(pfunc: PFunction, *args: np.ndarray) -> np.ndarray:
-    return np.asarray(invoke(pfunc, *args, runtime=KernelRuntime())[0])
+    """The kernel's uint64 words, as the uint32[blocks, 16] they pack (low word first)."""
+    words = np.asarray(invoke(pfunc, *args, runtime=KernelRuntime())[0])
+    assert words.dtype == np.uint64 and words.ndim == 1
+    low, high = words & MASK, words >> np.uint64(32)
+    return np.stack([low, high], axis=1).astype(np.uint32).reshape(-1, 16)
 
 
 def test_each_role_draws_only_the_streams_its_row_chose():
@@ -67,7 +71,7 @@ def test_each_role_draws_only_the_streams_its_row_chose():
     counts = [2, 1, 3]
     rows = [[1, 1, 0], [0, 1, 1], [1, 0, 0]]
     draw = keystream_pfunction([10, 11, 12], counts, rows)
-    assert draw.outs_info[0].shape == (4, 16)  # the widest row: 1 + 3 blocks
+    assert draw.outs_info[0].shape == (4 * 8,)  # the widest row: 1 + 3 blocks of 8 words
     blocks = {
         s: keystream_blocks(keys[i].astype("<u4").tobytes(), s, c)
         for i, (s, c) in enumerate(zip([10, 11, 12], counts, strict=True))

@@ -24,6 +24,9 @@ from mpplug.kernels.runtime import KernelRuntime
 KEYSTREAM = "mpplug.keystream"
 BLOCK_WORDS = 16
 """32-bit words per ChaCha block (64 bytes)."""
+BLOCK_WORDS_64 = BLOCK_WORDS // 2
+"""64-bit words per block: the buffer's word j of block b is its words 2j and 2j + 1,
+little-endian (word 2j | word 2j+1 << 32)."""
 NONCE_TAG = 0x6D70706C
 """The nonce's third word, "mppl"."""
 MAX_BLOCKS = 1 << 26
@@ -56,7 +59,7 @@ def keystream_pfunction(
     rows: Sequence[Sequence[int]],
     stride: int | None = None,
 ) -> PFunction:
-    """(keys u32[S, 8][, role i32[]][, iteration i32[]]) -> u32[width, 16]: the blocks of the
+    """(keys u32[S, 8][, role i32[]][, iteration i32[]]) -> u64[width * 8]: the blocks of the
     streams row `role` chose (1s in `rows[role]`; a role past the last row takes the last),
     stream i's `counts[i]` blocks under key i from its row's offset, laid end to end; the rest
     is zeros. Without several rows there is no role input. With a `stride`, iteration t of a
@@ -73,7 +76,7 @@ def keystream_pfunction(
     if stride is not None:
         ins.append(ITERATION_TYPE)
         attrs["stride"] = int(stride)
-    out = TensorType(DType.UINT32, (width, BLOCK_WORDS))
+    out = TensorType(DType.UINT64, (width * BLOCK_WORDS_64,))
     return PFunction(KEYSTREAM, "keystream", b"", tuple(ins), (out,), attrs)
 
 
@@ -119,7 +122,7 @@ def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], in
         + ((ROLE_TYPE,) if len(rows) > 1 else ())
         + ((ITERATION_TYPE,) if stride is not None else ())
     )
-    expected_out = (TensorType(DType.UINT32, (width, BLOCK_WORDS)),)
+    expected_out = (TensorType(DType.UINT64, (width * BLOCK_WORDS_64,)),)
     if pfunc.ins_info != expected_ins or pfunc.outs_info != expected_out:
         raise InvalidPFunctionError(
             f"{KEYSTREAM}: expected {', '.join(map(str, expected_ins))} -> {expected_out[0]}, "
@@ -154,10 +157,11 @@ def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime)
         key = keys[i].astype("<u4").tobytes()
         _encryptor(key, streams[i]).update_into(zeros[:size], out.data[at:])
         at += size
-    blocks = out[: width * 64].view("<u4").reshape(width, BLOCK_WORDS)
+    words = out[: width * 64].view("<u8")
     # on the party's device once (on a CPU, aligned memory is taken without a copy): every
     # round that slices the buffer reads it there
-    return [jax.device_put(blocks.astype(np.uint32, copy=False), runtime.resolved_device())]
+    with jax.enable_x64(True):  # uint64 as it is (this thread only)
+        return [jax.device_put(words.astype(np.uint64, copy=False), runtime.resolved_device())]
 
 
 def _aligned_bytes(size: int, alignment: int = 64) -> np.ndarray:

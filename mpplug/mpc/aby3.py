@@ -37,7 +37,7 @@ from mpplug.frontend.primitives import (
     shuffle_static,
 )
 from mpplug.frontend.tracer import TracedValue
-from mpplug.kernels.keystream import keystream_pfunction
+from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction
 from mpplug.mpc import ring
 from mpplug.mpc.prf import KEY_WORDS, blocks_for, prf, stream_view
 from mpplug.mpc.protocol import Context, Protocol, Shares
@@ -116,17 +116,17 @@ class ABY3(Protocol):
         keys = prand((2, KEY_WORDS), parties=[owner])  # fresh keys of x0's and x1's streams
         count = blocks_for(x.shape)
         draw = keystream_pfunction([0, 1], [count, count], [[1, 1]])
-        (blocks,) = run_pfunc(draw, keys, parties=[owner])
+        (words,) = run_pfunc(draw, keys, parties=[owner])
 
-        def split(value: jnp.ndarray, blocks: jnp.ndarray) -> list[jnp.ndarray]:
+        def split(value: jnp.ndarray, words: jnp.ndarray) -> list[jnp.ndarray]:
             v = encode(value)
-            x0 = stream_view(blocks, 0, count, v.shape)
-            x1 = stream_view(blocks, count, count, v.shape)
+            x0 = stream_view(words, 0, v.shape)
+            x1 = stream_view(words, count * BLOCK_WORDS_64, v.shape)
             parts = [x0, x1, v - x0 - x1]
             return [jnp.stack([parts[i], parts[(i + 1) % 3]]) for i in range(3)]
 
         with jax.enable_x64(True):
-            pairs = run_jax_at(owner, split, x, blocks)
+            pairs = run_jax_at(owner, split, x, words)
         placed = [
             pair if party == owner else shuffle_static(pair, {party: owner})
             for party, pair in zip(parties, pairs, strict=True)

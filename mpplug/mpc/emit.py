@@ -89,7 +89,8 @@ class Builder:
     so the same code drives JAX's tracer or this builder."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.lines: list[tuple[str, tuple[str, ...], str]] = []
+        """Each op written: (its result's name, its operands' names, its line)."""
         self.params: list[Value] = []
         self.count = 0
         self.constants: dict[tuple[Any, ...], Value] = {}
@@ -132,7 +133,11 @@ class Builder:
         types = ", ".join(v.type for v in operands)
         props = f" <{{{properties}}}>" if properties else ""
         self.lines.append(
-            f'    {out.name} = "stablehlo.{kind}"({names}){props} : ({types}) -> {out.type}'
+            (
+                out.name,
+                tuple(v.name for v in operands),
+                f'    {out.name} = "stablehlo.{kind}"({names}){props} : ({types}) -> {out.type}',
+            )
         )
         return out
 
@@ -275,7 +280,15 @@ class Builder:
     # -- the module
 
     def text(self, results: Sequence[Any]) -> str:
+        """The module returning `results`, without the ops they do not depend on (a round's
+        equations may compute what only another function needs, such as a PRF's key)."""
         outs = [self.value(r) for r in results]
+        live = {o.name for o in outs}
+        kept = []
+        for name, operands, line in reversed(self.lines):
+            if name in live:
+                live.update(operands)
+                kept.append(line)
         params = ", ".join(f"{p.name}: {p.type}" for p in self.params)
         types = ", ".join(o.type for o in outs)
         names = ", ".join(o.name for o in outs)
@@ -284,7 +297,7 @@ class Builder:
                 "module @round attributes {jax.uses_shape_polymorphism = false, "
                 "mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {",
                 f"  func.func public @main({params}) -> ({types}) {{",
-                *self.lines,
+                *reversed(kept),
                 f'    "func.return"({names}) : ({types}) -> ()',
                 "  }",
                 "}",
@@ -457,7 +470,7 @@ def _reduce(kind: str) -> Rule:
         lhs, rhs, total = b.name(), b.name(), b.name()
         out = Value(b.name(), shape, dtype)
         axes = _i64s(eqn.params["axes"])
-        b.lines += [
+        lines = [
             f'    {out.name} = "stablehlo.reduce"({x.name}, {init.name}) '
             f"<{{dimensions = {axes}}}> ({{",
             f"    ^bb0({lhs}: {scalar}, {rhs}: {scalar}):",
@@ -465,6 +478,7 @@ def _reduce(kind: str) -> Rule:
             f'      "stablehlo.return"({total}) : ({scalar}) -> ()',
             f"    }}) : ({x.type}, {init.type}) -> {out.type}",
         ]
+        b.lines.append((out.name, (x.name, init.name), "\n".join(lines)))
         return [out]
 
     return rule

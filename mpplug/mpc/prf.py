@@ -14,36 +14,32 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 
-from mpplug.kernels.keystream import BLOCK_WORDS
+from mpplug.kernels.keystream import BLOCK_WORDS_64
 
 KEY_WORDS = 8
 
 
 def blocks_for(shape: Sequence[int]) -> int:
     """Keystream blocks (eight uint64 words each) a stream of `shape` takes."""
-    return max(1, -(-math.prod(shape) // (BLOCK_WORDS // 2)))
+    return max(1, -(-math.prod(shape) // BLOCK_WORDS_64))
 
 
 def stream_view(
-    blocks: jnp.ndarray, offset: Any, count: int, shape: Sequence[int], ops: Any = lax
+    words: jnp.ndarray, start: Any, shape: Sequence[int], ops: Any = lax
 ) -> jnp.ndarray:
-    """Words of `shape` from a keystream buffer (uint32[blocks, 16]) whose stream starts at
-    block `offset` and takes `count` blocks: word j of block b is (word 2j | word 2j+1 << 32),
-    blocks in order. `ops` makes the calls: `lax`, or what stands in for it (`emit`)."""
+    """The uint64 words of `shape` from a keystream buffer (`mpplug.keystream`'s uint64
+    words) whose stream starts at word `start` (an int, or an int32 computed at run time).
+    `ops` makes the calls: `lax`, or what stands in for it (`emit`)."""
     # lax, not jnp: a program draws thousands of streams, and jnp's indexing costs 10x to trace
-    start = offset if isinstance(offset, int) else ops.convert_element_type(offset, jnp.int32)
-    words = ops.dynamic_slice_in_dim(blocks, start, count, axis=0)
-    low, high = (
-        ops.convert_element_type(ops.slice(words, (0, k), (count, BLOCK_WORDS), (1, 2)), jnp.uint64)
-        for k in (0, 1)
-    )
-    wide = ops.bitwise_or(low, ops.shift_left(high, np.uint64(32)))
-    flat = ops.reshape(wide, (count * (BLOCK_WORDS // 2),))
-    return ops.reshape(ops.slice(flat, (0,), (math.prod(shape),)), tuple(shape))
+    size = math.prod(shape)
+    if isinstance(start, int):
+        flat = ops.slice(words, (start,), (start + size,))
+    else:
+        flat = ops.dynamic_slice_in_dim(words, start, size, axis=0)
+    return ops.reshape(flat, tuple(shape))
 
 
 prf_p = Primitive("mpc_prf")

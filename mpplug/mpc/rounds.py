@@ -26,7 +26,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Va
 
 from mpplug.core import PFunction, TensorType
 from mpplug.frontend.jax_export import jax_export
-from mpplug.kernels.keystream import keystream_pfunction, stream_offsets
+from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction, stream_offsets
 from mpplug.mpc import emit
 from mpplug.mpc.prf import blocks_for, prf_p, stream_view
 from mpplug.mpc.recording import Recording
@@ -340,7 +340,8 @@ class _Randomness:
             ]
         else:
             self.rows = [[True] * len(eqns)]
-        self.offsets = stream_offsets(self.counts, self.rows).astype(np.int32)
+        self.offsets = (stream_offsets(self.counts, self.rows) * BLOCK_WORDS_64).astype(np.int32)
+        """Where each stream starts in each row's buffer, in words."""
 
     def record_draw(
         self,
@@ -389,15 +390,21 @@ class _Randomness:
         types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
         return buffer
 
-    def view(self, env: dict[Any, Any], v: Var, ops: Any) -> Any:
-        i = self.index[v]
+    def read(self, env: dict[Any, Any], views: Sequence[Var], ops: Any) -> None:
+        """Bind each stream of `views` in `env` to its words in the buffer: at a start known
+        at trace time with one row, else at this role's row of their starts."""
+        if not views:
+            return
+        columns = [self.index[v] for v in views]
         if len(self.rows) == 1:
-            offset: Any = int(self.offsets[0, i])
+            starts: list[Any] = [int(self.offsets[0, i]) for i in columns]
         else:
             role = ops.convert_element_type(_read(env, self.role), jnp.int32)
             row = ops.clamp(np.int32(0), role, np.int32(len(self.rows) - 1))
-            offset = ops.dynamic_index_in_dim(self.offsets[:, i], row, keepdims=False)
-        return stream_view(env[BUFFER], offset, self.counts[i], self.shapes[i], ops)
+            mine = ops.dynamic_index_in_dim(self.offsets[:, columns], row, keepdims=False)
+            starts = [ops.reshape(ops.slice(mine, (j,), (j + 1,)), ()) for j in range(len(views))]
+        for v, i, start in zip(views, columns, starts, strict=True):
+            env[v] = stream_view(env[BUFFER], start, self.shapes[i], ops)
 
 
 def _round_function(
@@ -478,8 +485,7 @@ def _segment(
                 piece = ops.slice_in_dim(vectors[slot[index]], start, start + size)
                 env[v] = ops.reshape(piece, _aval(v).shape)
         if randomness is not None:
-            for v in views:
-                env[v] = randomness.view(env, v, ops)
+            randomness.read(env, views, ops)
         for eqn in eqns:
             ops.bind(eqn, env)
         kept = [_read(env, v) for v in keep]
