@@ -45,15 +45,7 @@ def _emitted(fn: Callable[..., Any], *args: np.ndarray) -> Any:
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
     with jax.enable_x64(True):
         closed = jax.make_jaxpr(fn)(*specs)
-
-    def body(builder: emit.Builder, *values: emit.Value) -> list[emit.Value]:
-        env: dict[Any, Any] = dict(zip(closed.jaxpr.constvars, closed.consts, strict=True))
-        env.update(zip(closed.jaxpr.invars, values, strict=True))
-        for eqn in closed.jaxpr.eqns:
-            builder.bind(eqn, env)
-        return [builder._read(env, v) for v in closed.jaxpr.outvars]
-
-    pfunc = emit.round_function("test", specs, body, ("cpu",))
+    pfunc = emit.jaxpr_function("test", closed, ("cpu",))
     return jax.export.deserialize(bytearray(pfunc.fn_body)), pfunc
 
 
@@ -309,6 +301,19 @@ def test_inner_jit_calls_are_inlined() -> None:
 def test_what_it_does_not_write_is_refused(fn: Callable[..., Any], why: str) -> None:
     with pytest.raises(emit.Unemittable, match=why):
         _emitted(fn, _edges(np.float32))
+
+
+def test_ops_the_results_do_not_need_are_left_out() -> None:
+    def fn(x: Any) -> Any:
+        unused = (x * 3, jnp.sum(x))  # noqa: F841 - traced, then dropped
+        return x + 1
+
+    x = np.arange(6, dtype=np.int32)
+    exported, pfunc = _emitted(fn, x)
+    text = exported.mlir_module()
+    assert "stablehlo.add" in text
+    assert "stablehlo.multiply" not in text and "stablehlo.reduce" not in text
+    np.testing.assert_array_equal(_run(pfunc, [x])[0], x + 1)
 
 
 def test_several_platforms_are_refused() -> None:

@@ -27,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from mpplug.core import TensorType
+from mpplug.frontend.jax_export import function_name
 from mpplug.frontend.primitives import (
     converge,
     prand,
@@ -36,9 +38,9 @@ from mpplug.frontend.primitives import (
     run_pfunc,
     shuffle_static,
 )
-from mpplug.frontend.tracer import TracedValue
+from mpplug.frontend.tracer import TracedValue, current_builder
 from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction
-from mpplug.mpc import ring
+from mpplug.mpc import emit, ring
 from mpplug.mpc.prf import KEY_WORDS, blocks_for, prf, stream_view
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.rounds import exchange
@@ -91,6 +93,24 @@ def _compress_even(x: jnp.ndarray, width: int) -> jnp.ndarray:
     return x
 
 
+def _local(fn: Callable[..., Any], *args: TracedValue, at: int | None = None) -> Any:
+    """`fn` run (with 64-bit types) where all of `args` are held, or at party `at`: a module
+    written from its jaxpr by `emit` (a few ms), or where that cannot be, exported by
+    `jax.export` (tens of ms)."""
+    types = [a.type for a in args]
+    assert all(isinstance(t, TensorType) for t in types), types  # shares are tensors
+    specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in types]  # type: ignore[union-attr]
+    with jax.enable_x64(True):
+        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*specs)
+        platforms = current_builder("mpc").platforms
+        try:
+            pfunc = emit.jaxpr_function(function_name(fn), closed, platforms)
+        except emit.Unemittable:
+            return run_jax(fn, *args) if at is None else run_jax_at(at, fn, *args)
+    outs = run_pfunc(pfunc, *args, parties=None if at is None else [at])
+    return jax.tree.unflatten(jax.tree.structure(shape), outs)
+
+
 class ABY3(Protocol):
     name = "aby3"
     n_parties = 3
@@ -107,7 +127,7 @@ class ABY3(Protocol):
         def context(rank: jnp.ndarray, mine: jnp.ndarray, theirs: jnp.ndarray) -> Any:
             return jnp.asarray(roles)[rank], jnp.stack([mine, theirs])
 
-        role, keys = run_jax(context, prank(parties=list(parties)), own, following)
+        role, keys = _local(context, prank(parties=list(parties)), own, following)
         return [role, keys]
 
     def share(
@@ -125,8 +145,7 @@ class ABY3(Protocol):
             parts = [x0, x1, v - x0 - x1]
             return [jnp.stack([parts[i], parts[(i + 1) % 3]]) for i in range(3)]
 
-        with jax.enable_x64(True):
-            pairs = run_jax_at(owner, split, x, words)
+        pairs = _local(split, x, words, at=owner)
         placed = [
             pair if party == owner else shuffle_static(pair, {party: owner})
             for party, pair in zip(parties, pairs, strict=True)
@@ -141,8 +160,7 @@ class ABY3(Protocol):
         to: Sequence[int],
         decode: Callable[[Any], Any],
     ) -> TracedValue:
-        with jax.enable_x64(True):
-            first = run_jax(lambda s: s[0], shares)
+        first = _local(lambda s: s[0], shares)
         missing: dict[int | str, int | str] = {}
         pair_from: dict[int | str, int | str] = {}
         for t in to:
@@ -159,8 +177,7 @@ class ABY3(Protocol):
             value = pair[0] ^ pair[1] ^ third if boolean else pair[0] + pair[1] + third
             return decode(value)
 
-        with jax.enable_x64(True):
-            return run_jax(combine, pair, third)
+        return _local(combine, pair, third)
 
     # -- inside a share program --------------------------------------------------------------
 

@@ -705,6 +705,27 @@ def _template(platform: str) -> jax_export.Exported:
     return jax_export.export(jax.jit(lambda x: x), platforms=(platform,))(spec)
 
 
+def jaxpr_function(
+    name: str, closed: jax.extend.core.ClosedJaxpr, platforms: Sequence[str] | None
+) -> PFunction:
+    """The PFunction of a closed jaxpr: its inputs and results, each equation written by a
+    `Builder` (raises Unemittable as `round_function` does)."""
+    jaxpr = closed.jaxpr
+    inputs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
+
+    def body(ops: Any, *values: Any) -> list[Any]:  # ops: a Builder, or what stands for one
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, closed.consts, strict=True))
+        env.update(zip(jaxpr.invars, values, strict=True))
+        for eqn in jaxpr.eqns:
+            ops.bind(eqn, env)
+        return [
+            np.asarray(v.val, v.aval.dtype) if isinstance(v, Literal) else env[v]  # type: ignore[attr-defined]
+            for v in jaxpr.outvars
+        ]
+
+    return round_function(name, inputs, body, platforms)
+
+
 def round_function(
     name: str,
     inputs: Sequence[jax.ShapeDtypeStruct],

@@ -28,7 +28,7 @@ from mpplug.core import PFunction, TensorType
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction, stream_offsets
 from mpplug.mpc import emit
-from mpplug.mpc.prf import blocks_for, prf_p, stream_view
+from mpplug.mpc.prf import KEY_WORDS, blocks_for, prf_p, stream_view
 from mpplug.mpc.recording import Recording
 
 log = logging.getLogger(__name__)
@@ -364,19 +364,19 @@ class _Randomness:
             )
         )
 
-        def keys(*args: Any) -> Any:
+        def keys(ops: Any, *args: Any) -> tuple[Any]:
             env: dict[Any, Any] = dict(consts)
             env.update(zip(inputs, args, strict=True))
             for eqn in work:
-                _bind(eqn, env)
-            return jnp.stack([_read(env, v).astype(jnp.uint32) for v in key_vars])
+                ops.bind(eqn, env)
+            rows = [
+                ops.reshape(ops.convert_element_type(_read(env, v), jnp.uint32), (1, KEY_WORDS))
+                for v in key_vars
+            ]
+            return (ops.concatenate(rows, 0),)
 
-        keys.__name__ = f"mpc.{name}.keys"
         args = [held[v] for v in inputs]
-        with jax.enable_x64(True):
-            pfunc, _, _ = jax_export(
-                keys, *(types[a] for a in args), platforms=platforms, disk=False
-            )
+        pfunc = _round_function(keys, f"mpc.{name}.keys", [types[a] for a in args], platforms)
         (table,) = recording.call(pfunc, args)
         (out,) = tensor_outs(pfunc)
         types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
