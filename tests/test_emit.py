@@ -316,6 +316,20 @@ def test_ops_the_results_do_not_need_are_left_out() -> None:
     np.testing.assert_array_equal(_run(pfunc, [x])[0], x + 1)
 
 
+def test_an_op_written_twice_is_written_once_and_scalars_broadcast_as_splats() -> None:
+    def fn(x: Any) -> Any:
+        twice = (x * 3) + (x * 3)  # one multiply
+        return twice.reshape(2, 3).reshape(3, 2).reshape(6) + 1  # one reshape, no broadcast
+
+    x = np.arange(6, dtype=np.int32)
+    exported, pfunc = _emitted(fn, x)
+    text = exported.mlir_module()
+    assert text.count("stablehlo.multiply") == 1
+    assert "stablehlo.broadcast_in_dim" not in text
+    assert text.count("stablehlo.reshape") <= 1
+    np.testing.assert_array_equal(_run(pfunc, [x])[0], 6 * x + 1)
+
+
 def test_several_platforms_are_refused() -> None:
     with pytest.raises(emit.Unemittable, match="several platforms"):
         emit.round_function("t", [], lambda b: [b.value(np.uint64(1))], ("cpu", "cuda"))

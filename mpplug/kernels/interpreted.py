@@ -498,7 +498,7 @@ def _constant(block: _Block, op: ir.Operation) -> Fn:
         else:
             item = ir.IntegerAttr(scalar).value
             item = item != 0 if dtype.kind == "b" else item % (1 << (8 * dtype.itemsize))
-        value = np.full(shape, np.array(item).astype(dtype))
+        value = np.broadcast_to(np.array(item).astype(dtype), shape)  # held once
     else:
         value = np.array(dense).astype(dtype).reshape(shape)
     value.flags.writeable = False

@@ -94,6 +94,12 @@ class Builder:
         self.params: list[Value] = []
         self.count = 0
         self.constants: dict[tuple[Any, ...], Value] = {}
+        self.scalars: dict[str, np.ndarray] = {}
+        """The one-element constants, by name: broadcast, each is a splat constant."""
+        self.written: dict[tuple[Any, ...], Value] = {}
+        self.reshaped: dict[str, Value] = {}
+        """Each reshape's operand, by the reshape's name."""
+        """Each op by what it computes: an op written twice is written once (ops are pure)."""
 
     # -- values
 
@@ -118,7 +124,19 @@ class Builder:
                 array.dtype,
                 f"value = {_dense(array)} : {tensor_type(array.shape, array.dtype)}",
             )
+            if array.size == 1:
+                self.scalars[found.name] = array.reshape(1)
         return found
+
+    def splat(self, scalar: np.ndarray, shape: tuple[int, ...]) -> Value:
+        """A constant of `shape` whose every element is the one of `scalar`."""
+        return self.op(
+            "constant",
+            [],
+            shape,
+            scalar.dtype,
+            f"value = {_dense(scalar)} : {tensor_type(shape, scalar.dtype)}",
+        )
 
     def op(
         self,
@@ -128,7 +146,11 @@ class Builder:
         dtype: Any,
         properties: str = "",
     ) -> Value:
-        out = Value(self.name(), tuple(shape), np.dtype(dtype))
+        key = (kind, tuple(v.name for v in operands), tuple(shape), np.dtype(dtype), properties)
+        found = self.written.get(key)
+        if found is not None:
+            return found
+        out = self.written[key] = Value(self.name(), tuple(shape), np.dtype(dtype))
         names = ", ".join(v.name for v in operands)
         types = ", ".join(v.type for v in operands)
         props = f" <{{{properties}}}>" if properties else ""
@@ -150,7 +172,12 @@ class Builder:
 
     def reshape(self, x: Any, shape: Sequence[int]) -> Value:
         x = self.value(x)
-        return x if x.shape == tuple(shape) else self.op("reshape", [x], shape, x.dtype)
+        x = self.reshaped.get(x.name, x)  # a reshape of a reshape: one reshape of its source
+        if x.shape == tuple(shape):
+            return x
+        out = self.op("reshape", [x], shape, x.dtype)
+        self.reshaped[out.name] = x
+        return out
 
     def flat(self, x: Any) -> Value:
         x = self.value(x)
@@ -266,6 +293,9 @@ class Builder:
     def _broadcast(self, x: Value, shape: tuple[int, ...]) -> Value:
         if x.shape == shape:
             return x
+        scalar = self.scalars.get(x.name)
+        if scalar is not None:
+            return self.splat(scalar, shape)
         dims = list(range(len(shape) - len(x.shape), len(shape)))
         return self.op(
             "broadcast_in_dim", [x], shape, x.dtype, f"broadcast_dimensions = {_i64s(dims)}"
@@ -369,13 +399,15 @@ def _convert(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Valu
 
 def _reshape(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     _no(eqn, "dimensions", "sharding")
-    shape, dtype = _aval(eqn)
-    return [b.op("reshape", ins, shape, dtype)]
+    return [b.reshape(ins[0], _aval(eqn)[0])]
 
 
 def _broadcast_in_dim(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     _no(eqn, "sharding")
     shape, dtype = _aval(eqn)
+    scalar = b.scalars.get(ins[0].name)
+    if scalar is not None:
+        return [b.splat(scalar, shape)]
     dims = _i64s(eqn.params["broadcast_dimensions"])
     return [b.op("broadcast_in_dim", ins, shape, dtype, f"broadcast_dimensions = {dims}")]
 
