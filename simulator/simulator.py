@@ -18,6 +18,7 @@ import numpy as np
 from mpplug.config import ClusterSpec
 from mpplug.core import ValueType
 from mpplug.core.custom_calls import CustomCallPolicy
+from mpplug.core.graph import Graph
 from mpplug.core.parties import PartySet
 from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError, WireError
 from mpplug.frontend.tracer import Program
@@ -202,13 +203,17 @@ class Simulator(Cluster):
         exec_id = uuid.uuid4().hex
         timeline = self._timeline
         recorders = [Recorder(party.rank) if timeline else None for party in self._parties]
+        digest = program.digest
+        # decoded from its bytes once, as each party would decode them
+        loading = not all(party.has_program(digest) for party in self._parties)
+        graph = Graph.from_bytes(program.to_bytes()) if loading else None
         with self._submit_lock:
             futures = [
                 worker.submit(
                     self._execute,
                     party,
-                    program.to_bytes(),
-                    program.digest,
+                    program,
+                    graph,
                     exec_id,
                     in_names,
                     out_names,
@@ -231,8 +236,8 @@ class Simulator(Cluster):
     def _execute(
         self,
         party: Party,
-        data: bytes,
-        digest: str,
+        program: Program,
+        graph: Graph | None,
         exec_id: str,
         in_names: list[str],
         out_names: list[str],
@@ -240,8 +245,11 @@ class Simulator(Cluster):
     ) -> None:
         store = self._stores[party.rank]
         try:
+            digest = program.digest
             if not party.has_program(digest):
-                party.load_program(data)
+                if graph is None:  # evicted since `_run` looked: decode it again
+                    graph = Graph.from_bytes(program.to_bytes())
+                party.load_graph(graph, digest)
             inputs = [store.get(name) for name in in_names]
             outputs = party.execute(digest, exec_id, inputs, self.timeout, recorder)
         except BaseException as exc:

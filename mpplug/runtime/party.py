@@ -72,7 +72,11 @@ class Party:
         With `expected_digest`, bytes whose canonical form has another digest are refused
         before anything is cached.
         """
-        graph = Graph.from_bytes(data)
+        return self.load_graph(Graph.from_bytes(data), expected_digest)
+
+    def load_graph(self, graph: Graph, expected_digest: str | None = None) -> str:
+        """`load_program` of a program already decoded from its bytes (`Graph.from_bytes`):
+        a simulator's parties share one decoding."""
         if expected_digest is not None and graph.digest != expected_digest:
             raise InvalidProgramError(
                 f"expected the program's canonical bytes (Graph.to_bytes(), digest "
