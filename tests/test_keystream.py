@@ -90,10 +90,13 @@ def test_malformed_records_are_refused_with_what_is_wrong():
     good = keystream_pfunction([1, 2], [1, 1], [[1, 1]])
     keys = np.zeros((2, 8), np.uint32)
     cases = {
-        "rows": ({"rows": [[1, 2]]}, "0s and 1s"),
-        "counts": ({"counts": [1]}, "one entry per stream"),
-        "streams": ({"streams": [1, -2]}, "non-negative ints"),
-        "huge": ({"counts": [2**30, 1]}, None),
+        "rows": ({"rows": bytes([1, 2])}, "one 0 or 1 per stream"),
+        "ragged rows": ({"rows": bytes([1, 1, 1])}, "one 0 or 1 per stream"),
+        "counts": ({"counts": np.asarray([1], "<u4").tobytes()}, "one entry per stream"),
+        "zero count": ({"counts": np.asarray([1, 0], "<u4").tobytes()}, "counts >= 1"),
+        "streams": ({"streams": (1, 2)}, "packed <u8 values"),
+        "odd bytes": ({"streams": bytes(9)}, "multiple of 8"),
+        "huge": ({"counts": np.asarray([2**30, 1], "<u4").tobytes()}, None),
     }
     for name, (attrs, message) in cases.items():
         bad = PFunction(

@@ -63,15 +63,19 @@ def keystream_pfunction(
     streams row `role` chose (1s in `rows[role]`; a role past the last row takes the last),
     stream i's `counts[i]` blocks under key i from its row's offset, laid end to end; the rest
     is zeros. Without several rows there is no role input. With a `stride`, iteration t of a
-    loop draws stream `streams[i] + t * stride` in place of `streams[i]` (t >= 0)."""
+    loop draws stream `streams[i] + t * stride` in place of `streams[i]` (t >= 0).
+
+    The layout travels packed (a program draws thousands of streams): `streams` as
+    little-endian uint64s, `counts` as uint32s, `rows` as one byte (0 or 1) per stream, row
+    after row."""
     width = max(sum(c for c, on in zip(counts, row, strict=True) if on) for row in rows)
     ins = [TensorType(DType.UINT32, (len(streams), 8))]
     if len(rows) > 1:
         ins.append(ROLE_TYPE)
     attrs: dict[str, Any] = {
-        "streams": [int(s) for s in streams],
-        "counts": [int(c) for c in counts],
-        "rows": [[int(bool(on)) for on in row] for row in rows],
+        "streams": np.asarray(streams, "<u8").tobytes(),
+        "counts": np.asarray(counts, "<u4").tobytes(),
+        "rows": np.asarray(rows, bool).astype(np.uint8).tobytes(),
     }
     if stride is not None:
         ins.append(ITERATION_TYPE)
@@ -80,20 +84,20 @@ def keystream_pfunction(
     return PFunction(KEYSTREAM, "keystream", b"", tuple(ins), (out,), attrs)
 
 
-def _ints(pfunc: PFunction, name: str) -> list[int]:
+def _packed(pfunc: PFunction, name: str, dtype: str) -> np.ndarray:
     value = pfunc.attrs.get(name)
-    if not isinstance(value, list | tuple) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-    ):
+    item = np.dtype(dtype).itemsize
+    if not isinstance(value, bytes) or not value or len(value) % item:
         raise InvalidPFunctionError(
-            f"{KEYSTREAM}: expected attribute {name!r} to be a list of non-negative ints, "
-            f"got {value!r}"[:300]
+            f"{KEYSTREAM}: expected attribute {name!r} to be packed {dtype} values (bytes, a "
+            f"non-zero multiple of {item}), got {type(value).__name__} {value!r}"[:300]
         )
-    return list(value)
+    return np.frombuffer(value, dtype)
 
 
 def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], int, int | None]:
-    streams, counts = _ints(pfunc, "streams"), _ints(pfunc, "counts")
+    streams = [int(s) for s in _packed(pfunc, "streams", "<u8")]
+    counts = [int(c) for c in _packed(pfunc, "counts", "<u4")]
     stride = pfunc.attrs.get("stride")
     if stride is not None and (
         not isinstance(stride, int) or isinstance(stride, bool) or not 1 <= stride < 2**32
@@ -103,19 +107,16 @@ def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], in
                 :300
             ]
         )
-    rows_attr = pfunc.attrs.get("rows")
-    if not isinstance(rows_attr, list | tuple) or not rows_attr:
-        raise InvalidPFunctionError(f"{KEYSTREAM}: expected a non-empty list attribute 'rows'")
-    rows = [list(r) if isinstance(r, list | tuple) else [] for r in rows_attr]
-    if len(counts) != len(streams) or any(
-        len(r) != len(streams) or any(v not in (0, 1) for v in r) for r in rows
-    ):
+    flags = _packed(pfunc, "rows", "u1")
+    if len(counts) != len(streams) or len(flags) % len(streams) or (flags > 1).any():
         raise InvalidPFunctionError(
-            f"{KEYSTREAM}: expected 'counts' and every row of 'rows' (0s and 1s) to have one "
-            f"entry per stream ({len(streams)})"
+            f"{KEYSTREAM}: expected 'counts' to have one entry per stream ({len(streams)}) and "
+            f"'rows' to be rows of one 0 or 1 per stream, got {len(counts)} counts and "
+            f"{len(flags)} row bytes"
         )
-    if any(s >= 2**64 for s in streams) or any(c < 1 for c in counts):
-        raise InvalidPFunctionError(f"{KEYSTREAM}: streams below 2^64 and counts >= 1 expected")
+    rows = flags.reshape(-1, len(streams)).astype(int).tolist()
+    if any(c < 1 for c in counts):
+        raise InvalidPFunctionError(f"{KEYSTREAM}: counts >= 1 expected")
     width = max(sum(c for c, on in zip(counts, r, strict=True) if on) for r in rows)
     expected_ins = (
         (TensorType(DType.UINT32, (len(streams), 8)),)
