@@ -137,6 +137,8 @@ def plan_serialized(module: bytes) -> Plan:
 def plan(module: ir.Module) -> Plan:
     """The module's `main` as a plan whose call takes and returns numpy arrays (raises
     `Unsupported`)."""
+    if getattr(_contexts, "typed", None) is not module.context:  # `_tensor`'s types: its own
+        _contexts.typed, _contexts.types = module.context, {}
     funcs = {}
     for op in module.body.operations:
         if op.operation.name != "func.func":
@@ -157,14 +159,21 @@ def call(plan: Plan, args: Sequence[Any]) -> tuple[Array, ...]:
 
 
 def _tensor(value: ir.Value) -> tuple[tuple[int, ...], np.dtype]:
-    try:
-        ttype = ir.RankedTensorType(value.type)
-    except ValueError:
-        raise Unsupported(f"a value of type {value.type}") from None
-    dtype = DTYPES.get(str(ttype.element_type))
-    if dtype is None:
-        raise Unsupported(f"element type {ttype.element_type}")
-    return tuple(ttype.shape), dtype
+    """The value's shape and dtype (read once per type of the context `plan` runs in: types
+    are unique within a context)."""
+    vtype = value.type
+    types = _contexts.types
+    found = types.get(vtype)
+    if found is None:
+        try:
+            ttype = ir.RankedTensorType(vtype)
+        except ValueError:
+            raise Unsupported(f"a value of type {vtype}") from None
+        dtype = DTYPES.get(str(ttype.element_type))
+        if dtype is None:
+            raise Unsupported(f"element type {ttype.element_type}")
+        found = types[vtype] = (tuple(ttype.shape), dtype)
+    return found
 
 
 def _ints(attr: ir.Attribute) -> list[int]:
