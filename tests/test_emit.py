@@ -16,8 +16,9 @@ import pytest
 from jax import lax
 
 import mpplug as mp
+from mpplug.core import PFunction
 from mpplug.frontend.jax_export import jax_export
-from mpplug.kernels import interpreted, jax_exec
+from mpplug.kernels import KernelRuntime, interpreted, invoke, jax_exec
 from mpplug.mpc import emit, rounds
 
 RNG = np.random.default_rng(11)
@@ -328,6 +329,29 @@ def test_an_op_written_twice_is_written_once_and_scalars_broadcast_as_splats() -
     assert "stablehlo.broadcast_in_dim" not in text
     assert text.count("stablehlo.reshape") <= 1
     np.testing.assert_array_equal(_run(pfunc, [x])[0], 6 * x + 1)
+
+
+def test_a_party_loads_what_this_process_wrote_without_deserializing_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))  # no executable found on disk
+    x = np.arange(6, dtype=np.int32)
+    _, written = _emitted(lambda v: v * 5, x)
+    foreign = PFunction.from_bytes(_emitted(lambda v: v * 7, x)[1].to_bytes())
+    jax_exec._WRITTEN.discard(foreign.digest)  # as if another process wrote it
+    calls: list[int] = []
+    deserialize = jax.export.deserialize
+
+    def counting(body: Any) -> Any:
+        calls.append(len(body))
+        return deserialize(body)
+
+    monkeypatch.setattr(jax_exec.jax_export, "deserialize", counting)
+    runtime = KernelRuntime()
+    np.testing.assert_array_equal(np.asarray(invoke(written, x, runtime=runtime)[0]), x * 5)
+    assert calls == []
+    np.testing.assert_array_equal(np.asarray(invoke(foreign, x, runtime=runtime)[0]), x * 7)
+    assert len(calls) == 1
 
 
 def test_several_platforms_are_refused() -> None:

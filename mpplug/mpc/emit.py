@@ -798,7 +798,7 @@ def round_function(
         jax_exec.ATTR_KEPT_INPUTS: tuple(range(n)),
         jax_exec.ATTR_X64: True,
     }
-    return PFunction(
+    pfunc = PFunction(
         jax_exec.FN_TYPE,
         name,
         bytes(exported.serialize()),
@@ -806,3 +806,5 @@ def round_function(
         tuple(TensorType(a.dtype, a.shape) for a in out_avals),
         attrs,
     )
+    jax_exec.written_here(pfunc, exported)
+    return pfunc
