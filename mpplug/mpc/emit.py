@@ -54,11 +54,16 @@ class Value:
 
     @property
     def type(self) -> str:
-        return tensor_type(self.shape, self.dtype)
+        return _tensor_type(self.shape, self.dtype)
 
 
 def tensor_type(shape: Sequence[int], dtype: Any) -> str:
-    element = ELEMENT_TYPES.get(np.dtype(dtype))
+    return _tensor_type(tuple(int(d) for d in shape), np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_type(shape: tuple[int, ...], dtype: np.dtype) -> str:
+    element = ELEMENT_TYPES.get(dtype)
     if element is None:
         raise Unemittable(f"element type {dtype}")
     return "tensor<" + "".join(f"{d}x" for d in shape) + element + ">"
