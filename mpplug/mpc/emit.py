@@ -1,5 +1,7 @@
 """A share program's round as a `jax.exec` PFunction written straight from its equations:
-StableHLO text, op for op what JAX's lowering rule gives, with no retrace and no lowering.
+StableHLO text, op for op what JAX's lowering rule gives, with no retrace and no lowering
+(an op written twice is written once, ops the results do not need are left out, and a
+broadcast one-element constant is a splat constant: what XLA would do to JAX's module).
 
 The primitives share programs are made of (ring arithmetic, bits, compares, selects, slices,
 reshapes, dots, convolutions, clamped gathers, reductions) emit here; an equation with any
