@@ -19,7 +19,7 @@ import mpplug as mp
 from mpplug.core import PFunction
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels import KernelRuntime, interpreted, invoke, jax_exec
-from mpplug.mpc import emit, rounds
+from mpplug.mpc import emit, prf, rounds
 
 RNG = np.random.default_rng(11)
 INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -352,6 +352,20 @@ def test_a_party_loads_what_this_process_wrote_without_deserializing_it(
     assert calls == []
     np.testing.assert_array_equal(np.asarray(invoke(foreign, x, runtime=runtime)[0]), x * 7)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("pick", [0, 1, 2])
+def test_a_picked_prf_key_is_row_0_at_its_role_and_row_1_elsewhere(pick: int) -> None:
+    keys = np.arange(16, dtype=np.uint32).reshape(2, 8)
+    for role in (0, 1, 2, 5):  # a share program's roles, and one past them
+        want = keys[0] if role == pick else keys[1]
+        got = prf.picked_row(lax, keys, np.int32(role), pick)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"role {role}")
+        specs = [jax.ShapeDtypeStruct((2, 8), np.uint32), jax.ShapeDtypeStruct((), np.int32)]
+        pfunc = emit.round_function(
+            "t", specs, lambda b, k, r: [prf.picked_row(b, k, r, pick)], ("cpu",)
+        )
+        np.testing.assert_array_equal(_run(pfunc, [keys, np.int32(role)])[0], want)
 
 
 def test_several_platforms_are_refused() -> None:

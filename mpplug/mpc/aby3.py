@@ -210,17 +210,25 @@ class ABY3(Protocol):
     ) -> jnp.ndarray:
         """Randomness known to roles owner_role - 1 and owner_role (from key k_owner), as
         `dtype` words (narrow words take fewer PRF words)."""
-        key = jnp.where(ctx.role == owner_role, ctx.keys[0], ctx.keys[1])
         users = ((owner_role - 1) % 3, owner_role)
-        words = prf(key, ctx.next_stream(), _words_for(shape, dtype), role=ctx.role, roles=users)
+        words = prf(
+            ctx.keys,  # k_owner: its own key at role owner_role, its next at owner_role - 1
+            ctx.next_stream(),
+            _words_for(shape, dtype),
+            role=ctx.role,
+            roles=users,
+            pick=owner_role,
+        )
         return _narrow(words, shape, dtype)
 
     def _reshare(self, ctx: Context, z: jnp.ndarray, tag: str) -> Shares:
         return jnp.stack([z, exchange(z, _FROM_NEXT, tag)])
 
     def _cross(self, a: Shares, b: Shares) -> jnp.ndarray:
-        """Role i's additive share z_i = a_i b_i + a_i b_i+1 + a_i+1 b_i of the product."""
-        return a[0] * b[0] + a[0] * b[1] + a[1] * b[0]
+        """Role i's additive share z_i = a_i b_i + a_i b_i+1 + a_i+1 b_i of the product, as
+        (a_i + a_i+1) b_i + a_i b_i+1."""
+        a0, b0 = a[0], b[0]
+        return (a0 + a[1]) * b0 + a0 * b[1]
 
     def mul(self, ctx: Context, a: Shares, b: Shares, bits: int = 0) -> Shares:
         return self._finish_product(ctx, self._cross(a, b), bits, "mul")
@@ -335,7 +343,8 @@ class ABY3(Protocol):
     def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:
         dtype = _DTYPE_OF_BITS[max(8, 1 << max(0, bits - 1).bit_length())]
         a, b = a.astype(dtype), b.astype(dtype)
-        z = (a[0] & b[0]) ^ (a[0] & b[1]) ^ (a[1] & b[0])
+        a0, b0 = a[0], b[0]
+        z = ((a0 ^ a[1]) & b0) ^ (a0 & b[1])  # (a_i & b_i) ^ (a_i & b_i+1) ^ (a_i+1 & b_i)
         z = z ^ self._zero_bits(ctx, z.shape, dtype)
         return self._reshare(ctx, z, "and.reshare").astype(ring.RING)
 

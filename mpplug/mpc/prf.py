@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 
@@ -43,21 +44,34 @@ def stream_view(
 
 
 prf_p = Primitive("mpc_prf")
-"""`prf(key, role, stream=s, shape=..., roles=...)`: uint64 words pseudorandom under `key`
-(uint32[8]); `roles` (None: every role) are the party roles that use them, and a party whose
+"""`prf(key, role, stream=s, shape=..., roles=..., pick=...)`: uint64 words pseudorandom under
+`key` (uint32[8]; with `pick`, row 0 of a uint32[2, 8] at the role `pick` and row 1 at any
+other); `roles` (None: every role) are the party roles that use them, and a party whose
 `role` is not among them may get anything (it computes nothing for them)."""
 
 
 @prf_p.def_abstract_eval
 def _prf_abstract(
-    key: Any, role: Any, *, stream: int, shape: tuple[int, ...], roles: tuple[int, ...] | None
+    key: Any,
+    role: Any,
+    *,
+    stream: int,
+    shape: tuple[int, ...],
+    roles: tuple[int, ...] | None,
+    pick: int | None,
 ) -> Any:
     return jax.core.ShapedArray(shape, jnp.uint64)
 
 
 @prf_p.def_impl
 def _prf_impl(
-    key: Any, role: Any, *, stream: int, shape: tuple[int, ...], roles: tuple[int, ...] | None
+    key: Any,
+    role: Any,
+    *,
+    stream: int,
+    shape: tuple[int, ...],
+    roles: tuple[int, ...] | None,
+    pick: int | None,
 ) -> Any:
     raise RuntimeError("mpc prf runs only inside a traced share program (mp.mpc.run)")
 
@@ -69,11 +83,14 @@ def prf(
     *,
     role: jnp.ndarray | None = None,
     roles: Sequence[int] | None = None,
+    pick: int | None = None,
 ) -> jnp.ndarray:
     """uint64 words of `shape`, pseudorandom under the secret `key` (uint32[8]); `stream` (a
     static int below 2^64, never reused with one key) names the stream. Inside a share
     program, `roles` names the roles that use the words and `role` is this party's: the
-    others need not compute them."""
+    others need not compute them. With `pick`, `key` is uint32[2, 8] and the stream's key is
+    its row 0 at the party whose role is `pick`, its row 1 at the others (chosen where the
+    run's keys are gathered, not in the share program)."""
     where = jnp.int32(0) if role is None else role
     return prf_p.bind(
         key,
@@ -81,4 +98,14 @@ def prf(
         stream=int(stream),
         shape=tuple(int(d) for d in shape),
         roles=None if roles is None else tuple(sorted(set(roles))),
+        pick=None if pick is None else int(pick),
     )
+
+
+def picked_row(ops: Any, keys: Any, role: Any, pick: int) -> Any:
+    """Row 0 of `keys` (uint32[2, 8]) where `role` (0, 1, 2, or past them) is `pick`, else
+    row 1, with the calls `ops` makes (`lax`, or what stands in for it)."""
+    rows = np.array([0 if r == pick else 1 for r in range(4)], np.int32)
+    at = ops.clamp(np.int32(0), ops.convert_element_type(role, jnp.int32), np.int32(3))
+    row = ops.dynamic_index_in_dim(rows, at, keepdims=False)
+    return ops.dynamic_index_in_dim(keys, row, keepdims=False)

@@ -28,7 +28,7 @@ from mpplug.core import PFunction, TensorType
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction, stream_offsets
 from mpplug.mpc import emit
-from mpplug.mpc.prf import KEY_WORDS, blocks_for, prf_p, stream_view
+from mpplug.mpc.prf import KEY_WORDS, blocks_for, picked_row, prf_p, stream_view
 from mpplug.mpc.recording import Recording
 
 log = logging.getLogger(__name__)
@@ -354,12 +354,13 @@ class _Randomness:
     ) -> int:
         """Record the keys' PFunction and the keystream call; returns the buffer's value."""
         key_vars = [e.invars[0] for e in self.eqns]
-        work = _dependencies(self.plan_eqns, key_vars)
+        role_vars = [e.invars[1] for e in self.eqns if e.params["pick"] is not None]
+        work = _dependencies(self.plan_eqns, [*key_vars, *role_vars])
         made = {v for e in work for v in e.outvars}
         inputs = list(
             dict.fromkeys(
                 v
-                for v in [*(r for e in work for r in e.invars), *key_vars]
+                for v in [*(r for e in work for r in e.invars), *key_vars, *role_vars]
                 if _is_var(v) and v not in made and v not in consts
             )
         )
@@ -369,10 +370,13 @@ class _Randomness:
             env.update(zip(inputs, args, strict=True))
             for eqn in work:
                 ops.bind(eqn, env)
-            rows = [
-                ops.reshape(ops.convert_element_type(_read(env, v), jnp.uint32), (1, KEY_WORDS))
-                for v in key_vars
-            ]
+            rows = []
+            for e in self.eqns:
+                key = _read(env, e.invars[0])
+                if e.params["pick"] is not None:
+                    key = picked_row(ops, key, _read(env, e.invars[1]), e.params["pick"])
+                key = ops.convert_element_type(key, jnp.uint32)
+                rows.append(ops.reshape(key, (1, KEY_WORDS)))
             return (ops.concatenate(rows, 0),)
 
         args = [held[v] for v in inputs]
