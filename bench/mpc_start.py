@@ -6,7 +6,9 @@ SPU's first call; and the Driver with three local party processes beside the Sim
 
 first = `compile` (trace) + the first evaluate and fetch, timed inside the fresh process after
 its inputs are put and `mpplug.mpc` is imported (SPU's first_s also starts from inputs at hand,
-after `import spu`). Targets (with --spu):
+after `import spu`), with compiles going on in the background as by default (a long first
+run starts them once it has run a second); the cached wall after it waits for them. Targets
+(with --spu):
 cold <= 2x SPU's first call, warm <= 1x; with --driver: the Driver's first evaluate <= 2x
 the Simulator's and its cached wall <= 2x the Simulator's. Exit code 1 when one is missed.
 """
@@ -30,6 +32,7 @@ import numpy as np
 import mpplug as mp
 from bench.mpc import RECV_TIMEOUT_S, error, load_spu, program, workloads
 from bench.timing import samples
+from mpplug.kernels.prepare import ENV_TIER_UP
 
 COLD_TARGET = 2.0
 WARM_TARGET = 1.0
@@ -42,11 +45,16 @@ def first_evaluate(cluster: Any, name: str) -> dict[str, float]:
     (w,) = [w for w in workloads(False) if w.name == name]
     handles = [cluster.put(i % 3, a) for i, a in enumerate(w.args)]
     prog = program(w.fn, len(w.args), "precise")
-    start = time.perf_counter()
-    cluster.compile(prog, *handles)
-    trace = time.perf_counter() - start
-    got = cluster.fetch(cluster.evaluate(prog, *handles), party=0)
-    first = time.perf_counter() - start
+    waits = os.environ.get(ENV_TIER_UP)
+    os.environ[ENV_TIER_UP] = "background"  # the first evaluate a user meets (the default)
+    try:
+        start = time.perf_counter()
+        cluster.compile(prog, *handles)
+        trace = time.perf_counter() - start
+        got = cluster.fetch(cluster.evaluate(prog, *handles), party=0)
+        first = time.perf_counter() - start
+    finally:
+        os.environ[ENV_TIER_UP] = waits if waits is not None else "wait"
     wall = statistics.median(
         samples(lambda: cluster.fetch(cluster.evaluate(prog, *handles), party=0), 3)
     )

@@ -24,6 +24,8 @@ from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels import interpreted, jax_exec
 from mpplug.kernels.prepare import ENV_TIER_UP, ENV_TIER_UP_AFTER
 from mpplug.kernels.runtime import KernelRuntime, LRUCache
+from mpplug.runtime.interpreter import Interpreter
+from mpplug.runtime.party import Party
 
 RNG = np.random.default_rng(7)
 
@@ -413,6 +415,42 @@ def test_a_quick_program_is_compiled_only_once_its_runs_add_up_to_the_tier_up_ti
         monkeypatch.setenv(ENV_TIER_UP_AFTER, str(min(p.interpreted_s for p in loaded)))
         sim.fetch(sim.evaluate(program, *args), party=0)  # now hot at every party
         assert all(p.tier_up is not None for p in loaded)
+
+
+def test_a_long_first_run_starts_its_compiles_while_it_runs(
+    empty_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a run has taken the tier-up time, its compiles start in the background before
+    it ends (held here until they have), so a long first run's later steps can run
+    compiled; the program's result is the same."""
+    monkeypatch.delenv(ENV_TIER_UP, raising=False)
+    monkeypatch.setenv(ENV_TIER_UP_AFTER, "0")
+    turned = threading.Event()
+    turned_hot = Party._turned_hot
+
+    def noting(self: Party, loaded: Any) -> None:
+        turned_hot(self, loaded)
+        turned.set()
+
+    run = Interpreter.run
+
+    def held(self: Interpreter, *args: Any, **kwargs: Any) -> Any:
+        assert turned.wait(30), "no compiles started during the run"
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Party, "_turned_hot", noting)
+    monkeypatch.setattr(Interpreter, "run", held)
+    x = RNG.standard_normal(50).astype(np.float32)
+    y = RNG.standard_normal(50).astype(np.float32)
+    with mp.Simulator(3) as sim:
+        args = sim.put(0, x), sim.put(1, y)
+        program = sim.compile(_secure_max, *args)
+        got = sim.fetch(sim.evaluate(program, *args), party=0)
+        loaded = [party._loaded(program.digest) for party in sim._parties]
+        assert all(p.runs == 1 and p.tier_up is not None for p in loaded)
+        for p in loaded:
+            p.tier_up.wait("test")  # type: ignore[union-attr]
+    np.testing.assert_allclose(got, np.maximum(x * y, x - 1.5), atol=1e-3)
 
 
 _EXITING_CHILD = """

@@ -112,9 +112,9 @@ def tier_up_waits() -> bool:
 
 def tier_up_after_s() -> float:
     """Interpreted run time after which a program's compiles start in the background
-    (`MPPLUG_TIER_UP_AFTER_S`, default 1 s, at the second run at the earliest): a program
-    whose runs are quick is not worth compiling until it has run for a while, as JIT
-    runtimes count a function's calls before compiling it."""
+    (`MPPLUG_TIER_UP_AFTER_S`, default 1 s, the runs before included; a run that reaches it
+    starts them as it goes): a program whose runs are quick is not worth compiling until it
+    has run for a while, as JIT runtimes count a function's calls before compiling it."""
     value = os.environ.get(ENV_TIER_UP_AFTER, "").strip()
     try:
         return max(0.0, float(value)) if value else DEFAULT_TIER_UP_AFTER_S

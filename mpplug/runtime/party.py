@@ -6,6 +6,7 @@ them against its runtime.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class Party:
             custom_calls=custom_calls,
         )
         self._programs: LRUCache[str, _Loaded] = LRUCache(program_cache_size)
+        self._tier_up_lock = threading.Lock()
 
     def has_program(self, digest: str) -> bool:
         return digest in self._programs
@@ -135,7 +137,10 @@ class Party:
         each step is recorded in it."""
         loaded = self._loaded(digest)
         if loaded.runs and loaded.tier_up is None and self._hot(loaded):
-            loaded.tier_up = Preparation(loaded.interpreter.functions(), self.runtime, "tier_up")
+            with self._tier_up_lock:
+                if loaded.tier_up is None:
+                    functions = loaded.interpreter.functions()
+                    loaded.tier_up = Preparation(functions, self.runtime, "tier_up")
         loaded.runs += 1
         label = f"party {self.rank}: program {loaded.interpreter.graph.name!r} ({digest[:12]})"
         loaded.preparation.wait(label)
@@ -151,13 +156,31 @@ class Party:
                     if preparation.futures:
                         recorder.spans.append(_compile_span(self.rank, preparation, what))
         start = time.perf_counter()
+        timer = None
+        if loaded.tier_up is None and not tier_up_waits():  # a long run turns hot as it goes
+            timer = threading.Timer(
+                max(0.0, tier_up_after_s() - loaded.interpreted_s), self._turned_hot, [loaded]
+            )
+            timer.daemon = True
+            timer.start()
         try:
             return loaded.interpreter.run(
                 inputs, self.communicator, exec_id, self.runtime, timeout, recorder
             )
         finally:
+            if timer is not None:
+                timer.cancel()
             if loaded.tier_up is None:
                 loaded.interpreted_s += time.perf_counter() - start
+
+    def _turned_hot(self, loaded: _Loaded) -> None:
+        """A run has taken `tier_up_after_s` (with the runs before it): its compiles start
+        now, in the background, and its later steps run each function compiled once its
+        executable is there."""
+        with self._tier_up_lock:
+            if loaded.tier_up is None:
+                functions = loaded.interpreter.functions()
+                loaded.tier_up = Preparation(functions, self.runtime, "tier_up")
 
     @staticmethod
     def _hot(loaded: _Loaded) -> bool:
@@ -187,7 +210,7 @@ def _compile_span(rank: int, preparation: Preparation, what: str) -> Span:
 @dataclass
 class _Loaded:
     """A program ready to run here: its functions readied at load (interpreted where they
-    can be), and compiled from its second run on."""
+    can be), and compiled once it is hot."""
 
     interpreter: Interpreter
     preparation: Preparation
