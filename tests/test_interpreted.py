@@ -24,6 +24,7 @@ from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels import interpreted, jax_exec
 from mpplug.kernels.prepare import ENV_TIER_UP, ENV_TIER_UP_AFTER
 from mpplug.kernels.runtime import KernelRuntime, LRUCache
+from mpplug.runtime import party as party_module
 from mpplug.runtime.interpreter import Interpreter
 from mpplug.runtime.party import Party
 
@@ -440,6 +441,7 @@ def test_a_long_first_run_starts_its_compiles_while_it_runs(
 
     monkeypatch.setattr(Party, "_turned_hot", noting)
     monkeypatch.setattr(Interpreter, "run", held)
+    monkeypatch.setattr(party_module, "COMPILE_S_PER_FUNCTION", 0.0)
     x = RNG.standard_normal(50).astype(np.float32)
     y = RNG.standard_normal(50).astype(np.float32)
     with mp.Simulator(3) as sim:
@@ -451,6 +453,23 @@ def test_a_long_first_run_starts_its_compiles_while_it_runs(
         for p in loaded:
             p.tier_up.wait("test")  # type: ignore[union-attr]
     np.testing.assert_allclose(got, np.maximum(x * y, x - 1.5), atol=1e-3)
+
+
+def test_a_first_run_shorter_than_compiling_its_functions_does_not_start_them(
+    empty_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_TIER_UP, raising=False)
+    monkeypatch.setenv(ENV_TIER_UP_AFTER, "0")
+    monkeypatch.setattr(party_module, "COMPILE_S_PER_FUNCTION", 1000.0)
+    x = RNG.standard_normal(50).astype(np.float32)
+    with mp.Simulator(3) as sim:
+        args = sim.put(0, x), sim.put(1, x)
+        program = sim.compile(_secure_max, *args)
+        sim.fetch(sim.evaluate(program, *args), party=0)
+        loaded = [party._loaded(program.digest) for party in sim._parties]
+        assert all(p.runs == 1 and p.tier_up is None for p in loaded)
+        sim.fetch(sim.evaluate(program, *args), party=0)  # hot between runs, as before
+        assert all(p.tier_up is not None for p in loaded)
 
 
 _EXITING_CHILD = """

@@ -29,6 +29,9 @@ PROGRESS_EVERY_S = 1.0
 ENV_TIER_UP = "MPPLUG_TIER_UP"
 ENV_TIER_UP_AFTER = "MPPLUG_TIER_UP_AFTER_S"
 DEFAULT_TIER_UP_AFTER_S = 1.0
+COMPILE_S_PER_FUNCTION = 0.1
+"""About what XLA takes to compile one of a program's functions on a CPU core: a run turns
+its program hot as it goes only once it has run as long as compiling its functions would."""
 
 _COMPILES = SharedPool("mpplug-compile")
 _BACKGROUND = SharedPool("mpplug-tier-up", spare=1)

@@ -21,7 +21,12 @@ from mpplug.kernels import KernelRuntime
 from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.devices import export_platform
 from mpplug.kernels.jax_exec import ATTR_CUSTOM_CALLS
-from mpplug.kernels.prepare import Preparation, tier_up_after_s, tier_up_waits
+from mpplug.kernels.prepare import (
+    COMPILE_S_PER_FUNCTION,
+    Preparation,
+    tier_up_after_s,
+    tier_up_waits,
+)
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.communicator import Communicator
 from mpplug.runtime.interpreter import Interpreter, describe_op
@@ -158,8 +163,10 @@ class Party:
         start = time.perf_counter()
         timer = None
         if loaded.tier_up is None and not tier_up_waits():  # a long run turns hot as it goes
+            compiling = COMPILE_S_PER_FUNCTION * len(loaded.preparation.futures)
+            worth = max(tier_up_after_s(), compiling)
             timer = threading.Timer(
-                max(0.0, tier_up_after_s() - loaded.interpreted_s), self._turned_hot, [loaded]
+                max(0.0, worth - loaded.interpreted_s), self._turned_hot, [loaded]
             )
             timer.daemon = True
             timer.start()
@@ -174,9 +181,11 @@ class Party:
                 loaded.interpreted_s += time.perf_counter() - start
 
     def _turned_hot(self, loaded: _Loaded) -> None:
-        """A run has taken `tier_up_after_s` (with the runs before it): its compiles start
-        now, in the background, and its later steps run each function compiled once its
-        executable is there."""
+        """A run has taken `tier_up_after_s` (with the runs before it), and as long as its
+        functions would take to compile: its compiles start now, in the background, and its
+        later steps (a loop's next iterations) run each function compiled once its
+        executable is there. A shorter run would end before they help, and they would only
+        slow it down."""
         with self._tier_up_lock:
             if loaded.tier_up is None:
                 functions = loaded.interpreter.functions()
