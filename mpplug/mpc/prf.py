@@ -51,28 +51,12 @@ other); `roles` (None: every role) are the party roles that use them, and a part
 
 
 @prf_p.def_abstract_eval
-def _prf_abstract(
-    key: Any,
-    role: Any,
-    *,
-    stream: int,
-    shape: tuple[int, ...],
-    roles: tuple[int, ...] | None,
-    pick: int | None,
-) -> Any:
+def _prf_abstract(key: Any, role: Any, *, shape: tuple[int, ...], **params: Any) -> Any:
     return jax.core.ShapedArray(shape, jnp.uint64)
 
 
 @prf_p.def_impl
-def _prf_impl(
-    key: Any,
-    role: Any,
-    *,
-    stream: int,
-    shape: tuple[int, ...],
-    roles: tuple[int, ...] | None,
-    pick: int | None,
-) -> Any:
+def _prf_impl(key: Any, role: Any, **params: Any) -> Any:
     raise RuntimeError("mpc prf runs only inside a traced share program (mp.mpc.run)")
 
 
