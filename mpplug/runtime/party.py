@@ -142,10 +142,7 @@ class Party:
         each step is recorded in it."""
         loaded = self._loaded(digest)
         if loaded.runs and loaded.tier_up is None and self._hot(loaded):
-            with self._tier_up_lock:
-                if loaded.tier_up is None:
-                    functions = loaded.interpreter.functions()
-                    loaded.tier_up = Preparation(functions, self.runtime, "tier_up")
+            self._turned_hot(loaded)
         loaded.runs += 1
         label = f"party {self.rank}: program {loaded.interpreter.graph.name!r} ({digest[:12]})"
         loaded.preparation.wait(label)
@@ -181,11 +178,11 @@ class Party:
                 loaded.interpreted_s += time.perf_counter() - start
 
     def _turned_hot(self, loaded: _Loaded) -> None:
-        """A run has taken `tier_up_after_s` (with the runs before it), and as long as its
-        functions would take to compile: its compiles start now, in the background, and its
-        later steps (a loop's next iterations) run each function compiled once its
-        executable is there. A shorter run would end before they help, and they would only
-        slow it down."""
+        """Start the program's compiles (once): between runs when it is hot, or from a run's
+        timer once that run has taken `tier_up_after_s` (with the runs before it) and as long
+        as its functions would take to compile, so that its later steps (a loop's next
+        iterations) run each function compiled once its executable is there. A shorter run
+        would end before they help, and they would only slow it down."""
         with self._tier_up_lock:
             if loaded.tier_up is None:
                 functions = loaded.interpreter.functions()
