@@ -331,14 +331,14 @@ def test_an_op_written_twice_is_written_once_and_scalars_broadcast_as_splats() -
     np.testing.assert_array_equal(_run(pfunc, [x])[0], 6 * x + 1)
 
 
-def test_a_party_loads_what_this_process_wrote_without_deserializing_it(
+def test_a_party_loads_what_this_process_wrote_or_read_without_deserializing_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))  # no executable found on disk
     x = np.arange(6, dtype=np.int32)
     _, written = _emitted(lambda v: v * 5, x)
     foreign = PFunction.from_bytes(_emitted(lambda v: v * 7, x)[1].to_bytes())
-    jax_exec._WRITTEN.discard(foreign.digest)  # as if another process wrote it
+    jax_exec._EXPORTED.discard(foreign.digest)  # as if another process wrote it
     calls: list[int] = []
     deserialize = jax.export.deserialize
 
@@ -352,6 +352,9 @@ def test_a_party_loads_what_this_process_wrote_without_deserializing_it(
     assert calls == []
     np.testing.assert_array_equal(np.asarray(invoke(foreign, x, runtime=runtime)[0]), x * 7)
     assert len(calls) == 1
+    untrusting = KernelRuntime(untrusted_artifacts=True)  # loads it again, checked this time
+    np.testing.assert_array_equal(np.asarray(invoke(foreign, x, runtime=untrusting)[0]), x * 7)
+    assert len(calls) == 1  # read once per process
 
 
 @pytest.mark.parametrize("pick", [0, 1, 2])

@@ -58,20 +58,22 @@ def refusal(pfunc: PFunction, *args: Any) -> str:
     return str(info.value)
 
 
-def count_deserializations(monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> list[int]:
-    """Count (and optionally slow down) the kernel's calls to `jax.export.deserialize`, with
-    the persistent compile cache off (a hit there deserializes nothing)."""
+def count_loads(monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> list[str]:
+    """Count (and optionally slow down) the kernel's loads of an artifact (each one
+    deserializes or finds it read, checks and compiles it), with the persistent compile
+    cache off and none compiled in this process yet."""
     monkeypatch.setenv("MPPLUG_CACHE_DIR", "")
-    calls: list[int] = []
-    real = jax_export_api.deserialize
+    calls: list[str] = []
+    real = jax_exec.load
 
-    def counting(body: bytearray) -> jax_export_api.Exported:
-        calls.append(len(body))
+    def counting(pfunc: PFunction, runtime: KernelRuntime, interpret: bool = False) -> Any:
+        calls.append(pfunc.digest)
         time.sleep(delay)
-        return real(body)
+        return real(pfunc, runtime, interpret)
 
-    monkeypatch.setattr(jax_exec.jax_export, "deserialize", counting)
+    monkeypatch.setattr(jax_exec, "load", counting)
     monkeypatch.setattr(jax_exec, "_PROCESS_CACHE", LRUCache(DEFAULT_CACHE_SIZE))
+    monkeypatch.setattr(jax_exec, "_PLANS", LRUCache(DEFAULT_CACHE_SIZE))
     return calls
 
 
@@ -92,10 +94,10 @@ def test_outputs_are_jax_arrays_with_the_right_values(pfunc: PFunction):
 # ---------------------------------------------------------------- the cache
 
 
-def test_a_body_is_deserialized_once_per_digest_per_runtime(
+def test_a_body_is_loaded_once_per_digest_and_device(
     pfunc: PFunction, monkeypatch: pytest.MonkeyPatch
 ):
-    calls = count_deserializations(monkeypatch)
+    calls = count_loads(monkeypatch)
     runtime = KernelRuntime()
     for _ in range(5):
         invoke(pfunc, X, X, runtime=runtime)
@@ -109,16 +111,16 @@ def test_a_body_is_deserialized_once_per_digest_per_runtime(
 def test_runtimes_on_different_devices_load_their_own(
     pfunc: PFunction, monkeypatch: pytest.MonkeyPatch
 ):
-    calls = count_deserializations(monkeypatch)
+    calls = count_loads(monkeypatch)
     invoke(pfunc, X, X, runtime=KernelRuntime())
     invoke(pfunc, X, X, runtime=KernelRuntime(device="cpu:0"))
     assert len(calls) == 2
 
 
-def test_concurrent_first_calls_on_one_runtime_deserialize_once(
+def test_concurrent_first_calls_on_one_runtime_load_once(
     pfunc: PFunction, monkeypatch: pytest.MonkeyPatch
 ):
-    calls = count_deserializations(monkeypatch, delay=0.2)
+    calls = count_loads(monkeypatch, delay=0.2)
     runtime = KernelRuntime()
     start = threading.Barrier(4)
 
@@ -134,7 +136,7 @@ def test_concurrent_first_calls_on_one_runtime_deserialize_once(
 
 
 def test_the_cache_is_bounded_least_recently_used_first(monkeypatch: pytest.MonkeyPatch):
-    calls = count_deserializations(monkeypatch)
+    calls = count_loads(monkeypatch)
     runtime = KernelRuntime(cache_size=2)
     a, b, c = (mp.jax_export(lambda x, k=k: x + k, X)[0] for k in (1, 2, 3))
     cache = runtime.cache(jax_exec.CACHE_NAMESPACE)

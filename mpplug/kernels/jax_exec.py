@@ -178,9 +178,7 @@ def load(pfunc: PFunction, runtime: KernelRuntime, interpret: bool = False) -> C
             cached = _from_disk(pfunc, payload, target)
             if cached is not None:
                 return cached
-    exported = _WRITTEN.get(pfunc.digest)
-    if exported is None:
-        exported = _deserialized(pfunc)
+    exported = _exported(pfunc)
     _check_version(pfunc, exported.calling_convention_version, "has")
     platform = export_platform(target)
     if platform not in exported.platforms:
@@ -230,17 +228,27 @@ def _deserialized(pfunc: PFunction) -> jax_export.Exported:
         ) from None
 
 
-WRITTEN_BYTES = 64 << 20
-_WRITTEN: LRUCache[str, jax_export.Exported] = LRUCache(
-    DEFAULT_CACHE_SIZE, weigh=lambda e: len(e.mlir_module_serialized), max_weight=WRITTEN_BYTES
+EXPORTED_BYTES = 64 << 20
+_EXPORTED: LRUCache[str, jax_export.Exported] = LRUCache(
+    DEFAULT_CACHE_SIZE, weigh=lambda e: len(e.mlir_module_serialized), max_weight=EXPORTED_BYTES
 )
-"""Artifacts this process wrote itself, by their PFunction's digest: a simulated party
-loading one skips deserializing it (about 50 us a function input or output)."""
+"""Artifacts by their PFunction's digest (the sha256 of the bytes they came from), as this
+process wrote them or last deserialized them: a simulated party loading one it wrote, and a
+party compiling one it ran interpreted, skip deserializing it again (about 50 us a function
+input or output)."""
 
 
 def written_here(pfunc: PFunction, exported: jax_export.Exported) -> None:
     """Note that `pfunc`'s body is `exported`, serialized by this process."""
-    _WRITTEN.put(pfunc.digest, exported)
+    _EXPORTED.put(pfunc.digest, exported)
+
+
+def _exported(pfunc: PFunction) -> jax_export.Exported:
+    found = _EXPORTED.get(pfunc.digest)
+    if found is None:
+        found = _deserialized(pfunc)
+        _EXPORTED.put(pfunc.digest, found)
+    return found
 
 
 def _interpreted(
@@ -533,6 +541,29 @@ def _shared_first_tier(pfunc: PFunction, runtime: KernelRuntime) -> CompiledExpo
     return first
 
 
+def check_jax_exec(pfuncs: Sequence[PFunction], runtime: KernelRuntime) -> None:
+    """Before one program's functions are readied: the StableHLO modules of those that a
+    party trusting no artifact will parse (not loaded here yet, nor compiled on disk) are
+    checked together in one fork of the module-check helper instead of one fork each.
+    What fails here is left to each function's own load, which names it."""
+    if not runtime.untrusted_artifacts:
+        return
+    disk, device = disk_cache(), runtime.resolved_device()
+    target = device if device is not None else jax.devices()[0]
+    modules = []
+    for pfunc in pfuncs:
+        key = (pfunc.digest, device, runtime.untrusted_artifacts)
+        if key in _PROCESS_CACHE or key in _PLANS:
+            continue
+        if disk is not None and disk.path(_disk_key(pfunc, target, runtime)).exists():
+            continue
+        try:
+            modules.append(_exported(pfunc).mlir_module_serialized)
+        except InvalidPFunctionError:
+            continue
+    _CHECKER.check_together(modules, with_sdy=serialize_with_sdy())
+
+
 def prepare_jax_exec(pfunc: PFunction, runtime: KernelRuntime) -> None:
     """Ready `pfunc` for `runtime` ahead of its first call: interpreted where it can run so
     and is not compiled yet (see `interpret_first_runs`), else compiled."""
@@ -583,5 +614,6 @@ def run_jax_exec(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) 
     return _compiled(pfunc, runtime).call(*args)
 
 
+run_jax_exec.check = check_jax_exec  # type: ignore[attr-defined]
 run_jax_exec.prepare = prepare_jax_exec  # type: ignore[attr-defined]
 run_jax_exec.tier_up = tier_up_jax_exec  # type: ignore[attr-defined]

@@ -3,11 +3,19 @@
 MLIR's bytecode reader trusts the sizes and offsets inside the bytes it reads: a malformed
 module can crash the process that parses it (SIGSEGV, heap corruption). The party parses only
 a module that a fresh fork of the helper parsed and wrote again, so a bad one kills that fork.
+
+A program's modules may be checked together, in one fork (`check_together`). Their verdicts
+count only when every one of them came back unchanged: then each is a module the party would
+parse itself anyway, so what one of them did to the fork's heap it would do to the party's
+too, and a batch gives a module no way in that checking it alone would not. A batch with any
+refusal, crash or changed module counts for nothing, and each module goes to its own fork.
+Verdicts are remembered by the module's sha256, so a module is checked once per process.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import select
@@ -21,9 +29,15 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from mpplug.core.custom_calls import CustomCall
+from mpplug.kernels.runtime import LRUCache
 
 CHECK_TIMEOUT_S = 120.0
-"""The longest the helper may take over one module before it is killed and the module refused."""
+"""The longest the helper may take over one request (a module, or a batch of them) before it is
+killed and the request refused."""
+
+VERDICTS = 4096
+VERDICTS_BYTES = 64 << 20
+"""The modules a checker remembers as passed, at most (by count, and by their bytes in all)."""
 
 _LENGTH = struct.Struct("<Q")
 
@@ -41,13 +55,19 @@ class CheckedModule:
 
 
 class ModuleChecker:
-    """The helper process (started on first use, again after it dies), one module at a time."""
+    """The helper process (started on first use, again after it dies), one request at a time,
+    and the verdicts on the modules that passed."""
 
     def __init__(self, timeout: float = CHECK_TIMEOUT_S) -> None:
         self.timeout = timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._registered = False
         self._lock = threading.Lock()
+        self._passed: LRUCache[bytes, CheckedModule] = LRUCache(
+            VERDICTS, weigh=lambda c: len(c.bytecode), max_weight=VERDICTS_BYTES
+        )
+        self.forks = 0
+        """How many requests the helper has forked a process for."""
 
     def check(self, module: bytes, *, with_sdy: bool) -> CheckedModule:
         """`module` as a fresh fork of the helper parsed and wrote it again. A module that
@@ -55,26 +75,60 @@ class ModuleChecker:
         still parsed) goes round once more and must then come back unchanged, so that this
         process reads only bytes a clean parse reproduces. `with_sdy` is the caller's
         backend's `serialize_with_sdy`."""
-        first, targets = self._transcode(module, with_sdy)
+        key = _verdict_key(module, with_sdy)
+        found = self._passed.get(key)
+        if found is not None:
+            return found
+        ((first, targets),) = self._transcode([module], with_sdy)
         if first != module:
-            again, targets = self._transcode(first, with_sdy)
+            ((again, targets),) = self._transcode([first], with_sdy)
             if again != first:
                 raise ModuleRefused("written again, it does not read back as the same module")
-        return CheckedModule(first, targets)
+        checked = CheckedModule(first, targets)
+        self._passed.put(key, checked)
+        return checked
 
-    def _transcode(self, module: bytes, with_sdy: bool) -> tuple[bytes, tuple[CustomCall, ...]]:
+    def check_together(self, modules: list[bytes], *, with_sdy: bool) -> int:
+        """Check in one fork those of `modules` (one program's) not checked yet, so that
+        `check` finds them passed; returns how many passed so. A batch that is not passed
+        whole (see the module docstring) leaves each of its modules to `check`."""
+        pending = {_verdict_key(m, with_sdy): m for m in modules}
+        pending = {k: m for k, m in pending.items() if self._passed.get(k) is None}
+        if len(pending) < 2:  # `check` does one as cheaply
+            return 0
+        try:
+            replies = self._transcode(list(pending.values()), with_sdy)
+        except ModuleRefused:
+            return 0
+        if any(out != module for (out, _), module in zip(replies, pending.values(), strict=True)):
+            return 0
+        for key, (out, targets) in zip(pending, replies, strict=True):
+            self._passed.put(key, CheckedModule(out, targets))
+        return len(pending)
+
+    def _transcode(
+        self, modules: list[bytes], with_sdy: bool
+    ) -> list[tuple[bytes, tuple[CustomCall, ...]]]:
+        """Each of `modules` as one fork parsed and wrote it again, with its custom calls;
+        ModuleRefused with the first refusal's reason."""
         with self._lock:
             process = self._running()
             assert process.stdin is not None and process.stdout is not None
             deadline = time.monotonic() + self.timeout
+            self.forks += 1
             try:
-                _write_frame(process.stdin, [module, b"sdy" if with_sdy else b""])
-                status, *parts = _read_frame(process.stdout, deadline)
+                _write_frame(process.stdin, [b"sdy" if with_sdy else b"", *modules])
+                replies = [_unpack(part) for part in _read_frame(process.stdout, deadline)]
             except (OSError, EOFError, TimeoutError) as exc:
                 raise ModuleRefused(self._failure(exc)) from None
-        if status != b"ok":
-            raise ModuleRefused(parts[0].decode(errors="replace"))
-        return parts[0], tuple(_call(p) for p in parts[1:])
+        done = []
+        for status, *parts in replies:
+            if status != b"ok":
+                raise ModuleRefused(parts[0].decode(errors="replace"))
+            done.append((parts[0], tuple(_call(p) for p in parts[1:])))
+        if len(done) != len(modules):
+            raise ModuleRefused(f"the helper answered {len(done)} of {len(modules)} modules")
+        return done
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
@@ -131,6 +185,38 @@ def _call(part: bytes) -> CustomCall:
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ModuleRefused(f"its custom calls could not be read ({exc})") from None
+
+
+def _verdict_key(module: bytes, with_sdy: bool) -> bytes:
+    return hashlib.sha256(module).digest() + (b"sdy" if with_sdy else b"")
+
+
+def _pack(parts: list[bytes]) -> bytes:
+    """`parts` as one frame's bytes (a module's reply inside the helper's reply to a batch)."""
+    out = [_LENGTH.pack(len(parts))]
+    for part in parts:
+        out += [_LENGTH.pack(len(part)), part]
+    return b"".join(out)
+
+
+def _unpack(data: bytes) -> list[bytes]:
+    """The parts `_pack` packed, or EOFError if `data` is not a whole frame."""
+    parts, at = [], 0
+    try:
+        (count,) = _LENGTH.unpack_from(data, at)
+        at += _LENGTH.size
+        for _ in range(count):
+            (size,) = _LENGTH.unpack_from(data, at)
+            at += _LENGTH.size
+            if at + size > len(data):
+                raise EOFError
+            parts.append(data[at : at + size])
+            at += size
+    except struct.error:
+        raise EOFError from None
+    if not parts or at != len(data):
+        raise EOFError
+    return parts
 
 
 def _write_frame(stream: IO[bytes], parts: list[bytes]) -> None:
@@ -234,10 +320,28 @@ def _transcode(module: bytes, with_sdy: bool) -> list[bytes]:
     return [b"ok", bytes(again), *(json.dumps(c).encode() for c in calls)]
 
 
+def _transcode_all(modules: list[bytes], with_sdy: bool) -> list[bytes]:
+    """Each module's reply, packed, up to the first refusal (a batch with one counts for
+    nothing, so the rest are not worth parsing)."""
+    replies = []
+    for module in modules:
+        try:
+            reply = _transcode(module, with_sdy)
+        except Exception as exc:
+            lines = str(exc).strip().splitlines()
+            why = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            reply = [b"error", why.encode()]
+        replies.append(_pack(reply))
+        if reply[0] != b"ok":
+            break
+    return replies
+
+
 class _Fork:
-    """A process forked for one module alone, so that what one malformed module does to the
-    heap cannot touch the next; a crash becomes an ("error", why) reply. It is forked before
-    its module arrives, so that the fork's cost falls between modules."""
+    """A process forked for one request alone (a module, or one program's modules), so that
+    what one malformed module does to the heap cannot touch the next request; a crash becomes
+    an ("error", why) reply. It is forked before its request arrives, so that the fork's cost
+    falls between requests."""
 
     def __init__(self, inherited: tuple[int, ...]) -> None:
         to_child, self.requests = os.pipe()
@@ -249,15 +353,10 @@ class _Fork:
                     os.close(fd)  # a helper that dies must close them, not a waiting fork
                 with os.fdopen(to_child, "rb") as source:
                     try:
-                        module, flags = _read_frame(source, None)
+                        flags, *modules = _read_frame(source, None)
                     except EOFError:  # the helper is done: no module comes
                         os._exit(0)
-                try:
-                    reply = _transcode(module, flags == b"sdy")
-                except Exception as exc:
-                    lines = str(exc).strip().splitlines()
-                    why = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-                    reply = [b"error", why.encode()]
+                reply = _transcode_all(modules, flags == b"sdy")
                 with os.fdopen(from_child, "wb") as out:
                     _write_frame(out, reply)
             finally:
@@ -265,11 +364,12 @@ class _Fork:
         os.close(to_child)
         os.close(from_child)
 
-    def check(self, module: bytes, flags: bytes) -> list[bytes]:
-        """The child's reply for `module`; it has exited when this returns."""
+    def check(self, request: list[bytes]) -> list[bytes]:
+        """The child's reply to `request` (flags, then modules); it has exited when this
+        returns."""
         try:
             with os.fdopen(self.requests, "wb") as sink:
-                _write_frame(sink, [module, flags])
+                _write_frame(sink, request)
         except BrokenPipeError:  # it died before reading: its status says why
             pass
         with os.fdopen(self.replies, "rb") as replies:
@@ -284,7 +384,7 @@ class _Fork:
                 if os.WIFSIGNALED(status)
                 else f"the process parsing it exited with code {os.WEXITSTATUS(status)}"
             )
-            reply = [b"error", why.encode()]
+            reply = [_pack([b"error", why.encode()])]
         return reply
 
 
@@ -310,7 +410,7 @@ def _warm_up() -> None:
 
 
 def serve() -> None:
-    """The helper: warms the parser up once, then forks a fresh process for each module
+    """The helper: warms the parser up once, then forks a fresh process for each request
     (the next one as soon as it has answered)."""
     _warm_up()
 
@@ -320,7 +420,7 @@ def serve() -> None:
     while True:
         fork = _Fork(inherited=(stdin.fileno(), stdout.fileno()))
         try:
-            module, flags = _read_frame(stdin, None)
+            request = _read_frame(stdin, None)
         except EOFError:
             return  # the waiting fork reads no module and exits
-        _write_frame(stdout, fork.check(module, flags))
+        _write_frame(stdout, fork.check(request))

@@ -4,7 +4,9 @@
 A kernel offers this by having a `prepare(pfunc, runtime)` attribute that fills its caches
 before the first run, and may have a `tier_up(pfunc, runtime)` one that compiles what the
 first run ran interpreted, once the program is hot (in the background, unless
-`MPPLUG_TIER_UP=wait` makes the second run start them and wait).
+`MPPLUG_TIER_UP=wait` makes the second run start them and wait), and a
+`check(pfuncs, runtime)` one that does at once, before them, what is cheaper done for all of a
+program's functions together (jax.exec checks their modules in one helper fork).
 """
 
 from __future__ import annotations
@@ -59,14 +61,21 @@ class Preparation:
         self.futures: list[Future[None]] = []
         background = step == "tier_up" and not tier_up_waits()
         pool = (_BACKGROUND if background else _COMPILES).get()
+        kernels: dict[object, list[PFunction]] = {}
         for pfunc in dict.fromkeys(pfuncs):
             try:
-                kernel = REGISTRY.lookup(pfunc.fn_type)
+                found = REGISTRY.lookup(pfunc.fn_type)
             except Exception:  # an unknown fn_type: the run reports it, naming the op
                 continue
+            kernels.setdefault(found, []).append(pfunc)
+        for kernel, group in kernels.items():
             ready = getattr(kernel, step, None)
-            if ready is not None:
-                future = pool.submit(_quietly, ready, pfunc, runtime)
+            if ready is None:
+                continue
+            check = getattr(kernel, "check", None) if step == "prepare" else None
+            first = pool.submit(_quietly, check, group, runtime) if check is not None else None
+            for pfunc in group:  # queued after `first`, so it has started when they wait
+                future = pool.submit(_quietly, ready, pfunc, runtime, first)
                 future.add_done_callback(self._ended)
                 self.futures.append(future)
 
@@ -127,12 +136,21 @@ def tier_up_after_s() -> float:
         ) from None
 
 
-def _quietly(step: object, pfunc: PFunction, runtime: KernelRuntime) -> None:
-    """Failures are left for the run to raise, where they name the op. Nothing starts once
-    the process is exiting: the pool's queue is not worth the wait then."""
+def _quietly(
+    step: object,
+    what: PFunction | list[PFunction],
+    runtime: KernelRuntime,
+    after: Future[None] | None = None,
+) -> None:
+    """`step(what, runtime)` once `after` has ended. Failures are left for the run to raise,
+    where they name the op. Nothing starts once the process is exiting: the pool's queue is
+    not worth the wait then."""
+    if after is not None:
+        wait([after])
     if _exiting.is_set():
         return
     try:
-        step(pfunc, runtime)  # type: ignore[operator]
+        step(what, runtime)  # type: ignore[operator]
     except Exception as exc:
-        log.debug("compiling %s ahead failed (the run reports it): %s", pfunc.fn_name, exc)
+        names = [p.fn_name for p in what] if isinstance(what, list) else what.fn_name
+        log.debug("readying %s ahead failed (the run reports it): %s", names, exc)
