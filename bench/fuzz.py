@@ -173,7 +173,7 @@ BULK_REPLY = struct.Struct(">BI")
 """A receiver's status code number and message length."""
 BIG_BULK_SHARE = 0.25
 """The share of bulk values over a chunk (a real sender's are mostly smaller, mp.mpc rounds)."""
-BAD_MAGICS = (b"MPB0", b"MPB2", b"mpb1", b"\x00" * 4, b"\xff" * 4, b"\x16\x03\x01\x02", b"PRI ")
+BAD_MAGICS = (b"MPB0", b"MPB3", b"mpb1", b"\x00" * 4, b"\xff" * 4, b"\x16\x03\x01\x02", b"PRI ")
 OVERSIZED_HEADER_LENGTHS = (MAX_HEADER_BYTES + 1, 2**31, 2**32 - 1)
 BAD_EXEC_IDS = ("", "unscoped", "a:b:c", "x" * 65 + ":e", "s:", ":e", "s:e\x00", "s:é")
 CLOSED, SILENT, TLS_REFUSED = "closed", "no answer", "TLS refused"

@@ -22,7 +22,15 @@ import pytest
 from mpplug.config import ClusterSpec, TLSFiles, free_port
 from mpplug.errors import CommTimeoutError, ExecutionAborted, PartyUnavailableError
 from mpplug.protos import service_pb2 as pb
-from mpplug.remote.bulk import IDLE_LINKS_PER_PEER, MAGIC, Links, Listener, client_context
+from mpplug.remote.bulk import (
+    EAGER,
+    EAGER_BYTES,
+    IDLE_LINKS_PER_PEER,
+    MAGIC,
+    Links,
+    Listener,
+    client_context,
+)
 from mpplug.remote.certs import DRIVER, with_tls, write_dev_certs
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.peer import PEER_SERVICE, PeerCommunicator, PeerServicer
@@ -217,6 +225,48 @@ def test_a_kept_connection_the_receiver_closed_is_replaced():
             np.testing.assert_array_equal(restarted.mailbox.take(_key(2), 1.0), BIG)
 
 
+def test_a_small_value_goes_with_its_header_and_is_answered_once():
+    spec = ClusterSpec.local(2)
+    small = np.arange(1000, dtype=np.uint64)
+    with receiving(spec) as receiver, receiver.connect() as sock:
+        for op in (1, 2):  # the connection goes on after each
+            sock.sendall(EAGER + struct.pack(">I", len(_header(_key(op), small))))
+            sock.sendall(_header(_key(op), small) + small.tobytes())
+            assert _reply(sock) == (grpc.StatusCode.OK, "")
+            np.testing.assert_array_equal(receiver.mailbox.take(_key(op), 1.0), small)
+
+
+def test_a_refused_small_value_is_answered_its_bytes_dropped_and_the_connection_closed():
+    spec = ClusterSpec.local(2)
+    small = np.arange(1000, dtype=np.uint64)
+    with receiving(spec, max_pending_bytes=small.nbytes) as receiver:
+        with receiver.connect() as sock:  # a value too large to go with its header
+            header = _header(_key(2), BIG)
+            sock.sendall(EAGER + struct.pack(">I", len(header)) + header + BIG[:1000].tobytes())
+            code, message = _reply(sock)
+            assert code is grpc.StatusCode.INVALID_ARGUMENT
+            assert f"{BIG.nbytes} bytes sent with their header, over the {EAGER_BYTES}" in message
+            sock.shutdown(socket.SHUT_WR)
+            assert _closed_by_listener(sock)
+        assert receiver.mailbox.pending_bytes(0) == 0  # its room given back
+        receiver.mailbox.deliver(_key(9), small, small.nbytes)
+        with receiver.connect() as sock:
+            header = _header(_key(1), small)
+            sock.sendall(EAGER + struct.pack(">I", len(header)) + header + small.tobytes())
+            code, message = _reply(sock)
+            assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"party 0 has {small.nbytes} bytes waiting here already" in message
+            sock.shutdown(socket.SHUT_WR)
+            assert _closed_by_listener(sock)
+        assert receiver.mailbox.pending_bytes(0) == small.nbytes  # only the one delivered
+
+        # The communicator reconnects and tries again until the first value is taken.
+        threading.Timer(0.3, receiver.mailbox.take, (_key(9), 1.0)).start()
+        with sender(spec) as comm:
+            comm.send(_key(1), small)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(1), 1.0), small)
+
+
 # -- what the listener refuses ----------------------------------------------------------------
 def test_a_refused_value_is_answered_typed_and_the_connection_goes_on():
     spec = ClusterSpec.local(2)
@@ -238,7 +288,7 @@ def test_a_refused_value_is_answered_typed_and_the_connection_goes_on():
 @pytest.mark.parametrize(
     ("prefix", "expected"),
     [
-        (b"HTTP" + struct.pack(">I", 0), "expected b'MPB1', got b'HTTP'"),
+        (b"HTTP" + struct.pack(">I", 0), "expected b'MPB1' or b'MPB2', got b'HTTP'"),
         (MAGIC + struct.pack(">I", 1 << 20), "a header of 1048576 bytes, over the 65536 allowed"),
     ],
     ids=["bad magic", "header too long"],

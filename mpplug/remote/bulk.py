@@ -5,7 +5,7 @@ receiver's buffer.
 Python gRPC copies a streamed value several times on each side and moves well under what the
 socket can; here each byte crosses the kernel once each way, and a small value (an `mp.mpc`
 round's) waits about half as long as a unary gRPC call. Connections stay open and are reused,
-one value at a time each. Per value, integers big-endian:
+one value at a time each. Per value over EAGER_BYTES, integers big-endian:
 
     sender:   b"MPB1", header length (u32), a serialized PeerHeader
     receiver: status (u8, a grpc.StatusCode number), message length (u32), message (UTF-8):
@@ -13,8 +13,15 @@ one value at a time each. Per value, integers big-endian:
     sender:   the header type's nbytes of raw value bytes, nothing more
     receiver: status, message: OK once the value is in the mailbox
 
+A value of EAGER_BYTES or less (an `mp.mpc` round's, mostly) takes one round trip, not two:
+
+    sender:   b"MPB2", header length (u32), a serialized PeerHeader, then at once the value's
+              nbytes (at most EAGER_BYTES) of raw bytes
+    receiver: status, message: OK once the value is in the mailbox; any other status refuses
+              the value, whose bytes the receiver then drops until the sender closes
+
 The receiver checks a value exactly as PeerService does (who may send, ids, type, room) before
-it lets a byte of it in. With TLS each end's certificate must be signed by the cluster CA and
+it keeps a byte of it. With TLS each end's certificate must be signed by the cluster CA and
 name the party the other end expects: the sender checks that it reached the party it dials,
 the receiver that the value claims to come from the party that connected.
 """
@@ -49,6 +56,10 @@ from mpplug.runtime.communicator import Key
 log = logging.getLogger(__name__)
 
 MAGIC = b"MPB1"
+EAGER = b"MPB2"
+EAGER_BYTES = 1 << 20
+"""The largest value sent with its header, before the receiver admits it (a refused one costs
+the sender a new connection; a larger one waits for the go-ahead)."""
 _REQUEST = struct.Struct(">4sI")
 _REPLY = struct.Struct(">BI")
 MAX_HEADER_BYTES = 1 << 16
@@ -167,6 +178,18 @@ def _read_into(sock: socket.socket, buffer: memoryview) -> None:
         filled += got
 
 
+def _drain(sock: socket.socket) -> None:
+    """Read and drop what a sender still sends after its eager value was refused (at most
+    EAGER_BYTES), until it closes the connection, so that the refusal reaches it whole."""
+    left = EAGER_BYTES
+    with contextlib.suppress(OSError):
+        while left > 0:
+            got = sock.recv(min(left, 1 << 16))
+            if not got:
+                return
+            left -= len(got)
+
+
 def _reply(sock: socket.socket, code: grpc.StatusCode, message: str = "") -> None:
     data = message.encode()[:MAX_REPLY_BYTES]
     sock.sendall(_REPLY.pack(code.value[0], len(data)) + data)
@@ -221,9 +244,10 @@ class Link:
             _cut_off(self.sock)
 
     def close(self) -> None:
-        if self.sock is not None:
-            _cut_off(self.sock)
-            self.sock.close()
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            _cut_off(sock)
+            sock.close()
 
     def idle_and_open(self) -> bool:
         """Whether the connection is still usable: an idle link has nothing to read, so one
@@ -250,6 +274,15 @@ class Link:
         sock = self.sock
         assert sock is not None
         self._wait(sock, give_up, stall_s)
+        if len(payload) <= EAGER_BYTES:
+            sock.sendall(_REQUEST.pack(EAGER, len(header)) + header)
+            sock.sendall(payload)
+            try:
+                self._answer(sock, give_up, stall_s)
+            except Refused:
+                self.close()  # the receiver closes it after a refusal
+                raise
+            return
         sock.sendall(_REQUEST.pack(MAGIC, len(header)) + header)
         self._answer(sock, give_up, stall_s)
         self.reused = False  # a failure from here on is no stale connection: the value is offered
@@ -553,37 +586,55 @@ class Listener:
             conn.idle_since = None
         sock.settimeout(self._stall_s)
         magic, length = _REQUEST.unpack(first + _read_exact(sock, _REQUEST.size - 1))
-        if magic != MAGIC:
-            _reply(sock, grpc.StatusCode.INVALID_ARGUMENT, f"expected {MAGIC!r}, got {magic!r}")
+        if magic not in (MAGIC, EAGER):
+            message = f"expected {MAGIC!r} or {EAGER!r}, got {magic!r}"
+            _reply(sock, grpc.StatusCode.INVALID_ARGUMENT, message)
             return False
         if length > MAX_HEADER_BYTES:
             message = f"a header of {length} bytes, over the {MAX_HEADER_BYTES} allowed"
             _reply(sock, grpc.StatusCode.INVALID_ARGUMENT, message)
             return False
         raw = _read_exact(sock, length)
+        eager = magic == EAGER
         try:
             try:
                 header = pb.PeerHeader.FromString(raw)
             except DecodeError as exc:
                 raise BadRequest(f"the header does not decode as a PeerHeader: {exc}") from None
             admitted = self._inbox.admit(header, caller)
+            if eager and admitted.ttype.nbytes > EAGER_BYTES:
+                self._inbox.release(admitted)
+                raise BadRequest(
+                    f"{admitted.where}: {admitted.ttype.nbytes} bytes sent with their header, "
+                    f"over the {EAGER_BYTES} allowed"
+                )
         except REFUSALS as exc:
             code, message, _ = refusal_of(exc)
             _reply(sock, code, message)
+            if eager:  # its bytes follow: let them come until the sender closes
+                _drain(sock)
+                return False
             return self._idle_again(conn)
         try:
-            value = self._receive(sock, admitted)
+            value = self._receive(sock, admitted, eager)
         except BaseException:
             self._inbox.release(admitted)
             raise
-        if value is not None:
-            self._inbox.deliver(admitted, value)
-            _reply(sock, _OK)
+        if value is None:
+            if eager:
+                _drain(sock)
+                return False
+            return self._idle_again(conn)
+        self._inbox.deliver(admitted, value)
+        _reply(sock, _OK)
         return self._idle_again(conn)
 
-    def _receive(self, sock: socket.socket, admitted: Admitted) -> np.ndarray[Any, Any] | None:
-        """The admitted value's bytes, read into a buffer of their size once the sender is
-        told to go ahead; None (and the sender told why) if no buffer can be had."""
+    def _receive(
+        self, sock: socket.socket, admitted: Admitted, eager: bool
+    ) -> np.ndarray[Any, Any] | None:
+        """The admitted value's bytes, read into a buffer of their size (once the sender is
+        told to go ahead, unless they came `eager`ly with the header); None (and the sender
+        told why) if no buffer can be had."""
         try:
             buffer = np.empty(admitted.ttype.nbytes, dtype=np.uint8)
         except MemoryError:
@@ -591,7 +642,8 @@ class Listener:
             _reply(sock, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
             self._inbox.release(admitted)
             return None
-        _reply(sock, _OK)
+        if not eager:
+            _reply(sock, _OK)
         _read_into(sock, as_bytes_view(buffer))
         value = codec.from_buffer(admitted.ttype, buffer, admitted.where)
         return codec.finish(admitted.header, value, admitted.where)
