@@ -281,7 +281,7 @@ def test_a_runtime_runs_the_plan_first_and_the_compiled_code_after_tier_up(
     entry = runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest)
     assert entry is not None and entry.interpreted
     first = mp.invoke(pfunc, x, runtime=runtime)[0]
-    assert isinstance(first, jax.Array)  # numpy ran it, and its outputs went to the device
+    assert isinstance(first, np.ndarray)  # numpy ran it, on the host: the lone CPU device
     jax_exec.tier_up_jax_exec(pfunc, runtime)
     entry = runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest)
     assert entry is not None and not entry.interpreted
