@@ -1,4 +1,5 @@
-"""A helper process that parses the StableHLO module of each new `jax.export` artifact first.
+"""A helper process that parses the StableHLO module of each new `jax.export` artifact first
+(`module_parser` is its side).
 
 MLIR's bytecode reader trusts the sizes and offsets inside the bytes it reads: a malformed
 module can crash the process that parses it (SIGSEGV, heap corruption). The party parses only
@@ -18,7 +19,6 @@ import atexit
 import hashlib
 import json
 import os
-import select
 import signal
 import struct
 import subprocess
@@ -26,9 +26,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Any
 
 from mpplug.core.custom_calls import CustomCall
+from mpplug.kernels import module_parser
+from mpplug.kernels.module_parser import LENGTH, read_frame, write_frame
 from mpplug.kernels.runtime import LRUCache
 
 CHECK_TIMEOUT_S = 120.0
@@ -38,8 +39,6 @@ killed and the request refused."""
 VERDICTS = 4096
 VERDICTS_BYTES = 64 << 20
 """The modules a checker remembers as passed, at most (by count, and by their bytes in all)."""
-
-_LENGTH = struct.Struct("<Q")
 
 
 class ModuleRefused(Exception):
@@ -117,8 +116,8 @@ class ModuleChecker:
             deadline = time.monotonic() + self.timeout
             self.forks += 1
             try:
-                _write_frame(process.stdin, [b"sdy" if with_sdy else b"", *modules])
-                replies = [_unpack(part) for part in _read_frame(process.stdout, deadline)]
+                write_frame(process.stdin, [b"sdy" if with_sdy else b"", *modules])
+                replies = [_unpack(part) for part in read_frame(process.stdout, deadline)]
             except (OSError, EOFError, TimeoutError) as exc:
                 raise ModuleRefused(self._failure(exc)) from None
         done = []
@@ -137,7 +136,7 @@ class ModuleChecker:
                 self._registered = True
             env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # never touch the party's accelerator
             self._process = subprocess.Popen(
-                [sys.executable, "-P", "-c", f"from {__name__} import serve; serve()"],
+                [sys.executable, "-P", module_parser.__file__],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,
@@ -191,23 +190,15 @@ def _verdict_key(module: bytes, with_sdy: bool) -> bytes:
     return hashlib.sha256(module).digest() + (b"sdy" if with_sdy else b"")
 
 
-def _pack(parts: list[bytes]) -> bytes:
-    """`parts` as one frame's bytes (a module's reply inside the helper's reply to a batch)."""
-    out = [_LENGTH.pack(len(parts))]
-    for part in parts:
-        out += [_LENGTH.pack(len(part)), part]
-    return b"".join(out)
-
-
 def _unpack(data: bytes) -> list[bytes]:
     """The parts `_pack` packed, or EOFError if `data` is not a whole frame."""
     parts, at = [], 0
     try:
-        (count,) = _LENGTH.unpack_from(data, at)
-        at += _LENGTH.size
+        (count,) = LENGTH.unpack_from(data, at)
+        at += LENGTH.size
         for _ in range(count):
-            (size,) = _LENGTH.unpack_from(data, at)
-            at += _LENGTH.size
+            (size,) = LENGTH.unpack_from(data, at)
+            at += LENGTH.size
             if at + size > len(data):
                 raise EOFError
             parts.append(data[at : at + size])
@@ -217,210 +208,3 @@ def _unpack(data: bytes) -> list[bytes]:
     if not parts or at != len(data):
         raise EOFError
     return parts
-
-
-def _write_frame(stream: IO[bytes], parts: list[bytes]) -> None:
-    stream.write(_LENGTH.pack(len(parts)))
-    for part in parts:
-        stream.write(_LENGTH.pack(len(part)))
-        stream.write(part)
-    stream.flush()
-
-
-def _read_exact(stream: IO[bytes], n: int, deadline: float | None) -> bytes:
-    chunks = []
-    fd = stream.fileno()
-    while n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-        chunk = os.read(fd, n)
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _read_frame(stream: IO[bytes], deadline: float | None) -> list[bytes]:
-    (count,) = _LENGTH.unpack(_read_exact(stream, _LENGTH.size, deadline))
-    parts = []
-    for _ in range(count):
-        (size,) = _LENGTH.unpack(_read_exact(stream, _LENGTH.size, deadline))
-        parts.append(_read_exact(stream, size, deadline))
-    return parts
-
-
-def _custom_calls(operation: Any) -> list[dict[str, Any]]:
-    """Each custom call in `operation`: its target, operand and result types, and the
-    `mode` attribute of its backend config (as JSON-ready dicts)."""
-    from jax._src.lib.mlir import ir
-
-    found = []
-    if operation.name == "stablehlo.custom_call":
-        attrs = operation.attributes
-        mode = None
-        if "mhlo.backend_config" in attrs:
-            config = attrs["mhlo.backend_config"]
-            if isinstance(config, ir.DictAttr) and "mode" in config:
-                mode = ir.IntegerAttr(config["mode"]).value
-        found.append(
-            {
-                "target": ir.StringAttr(attrs["call_target_name"]).value,
-                "operands": [_tensor(v.type) for v in operation.operands],
-                "results": [_tensor(v.type) for v in operation.results],
-                "mode": mode,
-            }
-        )
-    for region in operation.regions:
-        for block in region:
-            for op in block:
-                found += _custom_calls(op.operation)
-    return found
-
-
-def _tensor(kind: Any) -> list[Any]:
-    from jax._src.lib.mlir import ir
-
-    try:
-        tensor = ir.RankedTensorType(kind)
-    except ValueError:  # not a ranked tensor: matches no rule, refused where checked
-        return [[-1], str(kind)]
-    return [[int(d) for d in tensor.shape], str(tensor.element_type)]
-
-
-_CONTEXT: Any = None
-"""The helper's MLIR context, its dialects loaded once (multithreading off: a fork has none
-of the parent's threads); each fork parses in its own copy of it."""
-
-
-def _context() -> Any:
-    global _CONTEXT
-    if _CONTEXT is None:
-        from jax._src.interpreters import mlir
-
-        _CONTEXT = mlir.make_ir_context()
-        _CONTEXT.enable_multithreading(False)
-    return _CONTEXT
-
-
-def _transcode(module: bytes, with_sdy: bool) -> list[bytes]:
-    """Parse `module` and write it again: ("ok", bytecode, *custom-call targets)."""
-    from jax._src.lib import _jax
-    from jax._src.lib.mlir.dialects import hlo
-
-    version = hlo.get_version_from_compatibility_requirement(
-        hlo.StablehloCompatibilityRequirement.WEEK_4
-    )
-    with _context():
-        parsed = _jax.mlir.deserialize_portable_artifact(module)
-        calls = _custom_calls(parsed.operation)
-        again = _jax.mlir.serialize_portable_artifact(parsed, version, with_sdy)
-    return [b"ok", bytes(again), *(json.dumps(c).encode() for c in calls)]
-
-
-def _transcode_all(modules: list[bytes], with_sdy: bool) -> list[bytes]:
-    """Each module's reply, packed, up to the first refusal (a batch with one counts for
-    nothing, so the rest are not worth parsing)."""
-    replies = []
-    for module in modules:
-        try:
-            reply = _transcode(module, with_sdy)
-        except Exception as exc:
-            lines = str(exc).strip().splitlines()
-            why = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-            reply = [b"error", why.encode()]
-        replies.append(_pack(reply))
-        if reply[0] != b"ok":
-            break
-    return replies
-
-
-class _Fork:
-    """A process forked for one request alone (a module, or one program's modules), so that
-    what one malformed module does to the heap cannot touch the next request; a crash becomes
-    an ("error", why) reply. It is forked before its request arrives, so that the fork's cost
-    falls between requests."""
-
-    def __init__(self, inherited: tuple[int, ...]) -> None:
-        to_child, self.requests = os.pipe()
-        self.replies, from_child = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover - the forked child, which never returns
-            try:
-                for fd in (self.requests, self.replies, *inherited):  # the helper's own pipes:
-                    os.close(fd)  # a helper that dies must close them, not a waiting fork
-                with os.fdopen(to_child, "rb") as source:
-                    try:
-                        flags, *modules = _read_frame(source, None)
-                    except EOFError:  # the helper is done: no module comes
-                        os._exit(0)
-                reply = _transcode_all(modules, flags == b"sdy")
-                with os.fdopen(from_child, "wb") as out:
-                    _write_frame(out, reply)
-            finally:
-                os._exit(0)
-        os.close(to_child)
-        os.close(from_child)
-
-    def check(self, request: list[bytes]) -> list[bytes]:
-        """The child's reply to `request` (flags, then modules); it has exited when this
-        returns."""
-        try:
-            with os.fdopen(self.requests, "wb") as sink:
-                _write_frame(sink, request)
-        except BrokenPipeError:  # it died before reading: its status says why
-            pass
-        with os.fdopen(self.replies, "rb") as replies:
-            try:
-                reply = _read_frame(replies, None)
-            except EOFError:
-                reply = []
-        _, status = os.waitpid(self.pid, 0)
-        if not reply:
-            why = (
-                f"it crashed the process parsing it ({signal.Signals(os.WTERMSIG(status)).name})"
-                if os.WIFSIGNALED(status)
-                else f"the process parsing it exited with code {os.WEXITSTATUS(status)}"
-            )
-            reply = [_pack([b"error", why.encode()])]
-        return reply
-
-
-_WARM_UP = (
-    "module { func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {"
-    " %0 = stablehlo.add %arg0, %arg0 : tensor<4xf32> return %0 : tensor<4xf32> } }"
-)
-
-
-def _warm_up() -> None:
-    """Write and read back one module here, so that each fork starts with the parser's
-    one-time set-up done (dialects loaded) instead of repeating it."""
-    from jax._src.lib import _jax
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import hlo
-
-    with _context():
-        version = hlo.get_version_from_compatibility_requirement(
-            hlo.StablehloCompatibilityRequirement.WEEK_4
-        )
-        module = _jax.mlir.serialize_portable_artifact(ir.Module.parse(_WARM_UP), version, True)
-    _transcode(bytes(module), True)
-
-
-def serve() -> None:
-    """The helper: warms the parser up once, then forks a fresh process for each request
-    (the next one as soon as it has answered)."""
-    _warm_up()
-
-    stdin = sys.stdin.buffer
-    stdout = os.fdopen(os.dup(1), "wb")  # replies only: whatever else prints goes to stderr
-    os.dup2(2, 1)
-    while True:
-        fork = _Fork(inherited=(stdin.fileno(), stdout.fileno()))
-        try:
-            request = _read_frame(stdin, None)
-        except EOFError:
-            return  # the waiting fork reads no module and exits
-        _write_frame(stdout, fork.check(request))
