@@ -2,7 +2,7 @@
 
 The plugin folder goes on sys.path so its kernels are found through entry points. Tests
 marked `slow` run first, so that pytest-xdist workers start the long ones while the short
-ones are left to fill in around them.
+ones are left to fill in around them. Ports come from each worker's own block (`ports`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,19 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+import mpplug.config
 from mpplug import Cluster
 
 from .clusters import KINDS, PLUGIN_DIR, POOL
+from .ports import WorkerPorts
 
 if str(PLUGIN_DIR) not in sys.path:  # the test plugin is found through its entry points
     sys.path.insert(0, str(PLUGIN_DIR))
 
 DEFAULT_TIMEOUT = 20.0
+
+mpplug.config.free_ports = WorkerPorts().take  # type: ignore[assignment]
+"""Clusters the tests make listen on this worker's own ports (see `ports`)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,6 +14,8 @@ import mpplug as mp
 from mpplug.config import ClusterSpec, PartySpec, ServerLimits, TLSFiles, free_port, split_endpoint
 from mpplug.errors import ConfigError, MPPlugError
 
+from .ports import SYSTEM_FREE_PORTS, WorkerPorts
+
 
 def two_parties(**extra: Any) -> dict[str, Any]:
     return {
@@ -465,12 +467,17 @@ def test_local_with_a_count_names_parties_by_rank():
     assert spec.parties[0].device is None
 
 
-def test_free_port_is_bindable():
+def test_free_ports_are_distinct_and_bindable_and_the_tests_take_their_workers_own():
     import socket
 
-    port = free_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
+    for ports in (SYSTEM_FREE_PORTS(3), [free_port(), free_port()]):
+        assert len(set(ports)) == len(ports)
+        for port in ports:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port))
+    taken = free_port()
+    assert taken in WorkerPorts().block
+    assert free_port() != taken
 
 
 # -- the Simulator takes a spec ---------------------------------------------------------------
