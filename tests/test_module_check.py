@@ -49,6 +49,19 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
+def _waiting_fork(checker: ModuleChecker) -> tuple[int, int]:
+    """Start the helper (checking one module) and return its pid and the pid of the fork it
+    made for the next request."""
+    checker.check(_exported_module(), with_sdy=False)
+    helper = checker._process
+    assert helper is not None
+    deadline = time.monotonic() + 30
+    while not _children(helper.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (waiting,) = _children(helper.pid)
+    return helper.pid, waiting
+
+
 @pytest.fixture
 def checker() -> Iterator[ModuleChecker]:
     found = ModuleChecker(timeout=60.0)
@@ -75,30 +88,17 @@ def test_bytes_that_do_not_parse_are_refused_and_the_next_module_passes(
 def test_a_fork_that_dies_is_a_refusal_and_checking_goes_on(checker: ModuleChecker) -> None:
     """The helper forks the process for the next module before it arrives; killed, it gives
     the refusal a crash gives, and the module after it gets a fresh fork."""
-    checker.check(_exported_module(), with_sdy=True)  # starts the helper
-    helper = checker._process
-    assert helper is not None
-    deadline = time.monotonic() + 30
-    while not _children(helper.pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    (waiting,) = _children(helper.pid)
+    helper, waiting = _waiting_fork(checker)
     os.kill(waiting, signal.SIGKILL)
     module = _emitted_module()
     with pytest.raises(ModuleRefused, match=r"crashed the process parsing it \(SIGKILL\)"):
         checker.check(module, with_sdy=True)
     assert checker.check(module, with_sdy=True).bytecode == module
-    assert checker._process is helper  # the helper itself served on
+    assert checker._process is not None and checker._process.pid == helper  # served on
 
 
 def test_closing_leaves_neither_the_helper_nor_its_waiting_fork(checker: ModuleChecker) -> None:
-    checker.check(_exported_module(), with_sdy=True)
-    helper = checker._process
-    assert helper is not None
-    deadline = time.monotonic() + 30
-    while not _children(helper.pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    processes = [helper.pid, *_children(helper.pid)]
-    assert len(processes) == 2
+    processes = list(_waiting_fork(checker))
     checker.close()
     deadline = time.monotonic() + 30
     while any(_alive(p) for p in processes) and time.monotonic() < deadline:
@@ -136,13 +136,7 @@ def test_a_batch_with_a_refused_module_counts_for_nothing(checker: ModuleChecker
 
 
 def test_a_batch_whose_fork_dies_counts_for_nothing(checker: ModuleChecker) -> None:
-    checker.check(_exported_module(), with_sdy=False)  # starts the helper
-    helper = checker._process
-    assert helper is not None
-    deadline = time.monotonic() + 30
-    while not _children(helper.pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    (waiting,) = _children(helper.pid)
+    _, waiting = _waiting_fork(checker)
     os.kill(waiting, signal.SIGKILL)
     modules = [_exported_module(), _emitted_module()]
     assert checker.check_together(modules, with_sdy=True) == 0
