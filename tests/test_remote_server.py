@@ -25,6 +25,7 @@ from mpplug.config import ClusterSpec, free_port
 from mpplug.core import DType, TensorType
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import ConfigError, MPPlugError
+from mpplug.kernels import jax_exec
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
 from mpplug.protos import values_pb2
@@ -182,6 +183,17 @@ def test_a_party_server_reports_a_taken_port_and_stops_cleanly():
         assert query_status(spec, "P0").serving
     finally:
         second.stop(grace=0.0)
+
+
+def test_a_started_party_has_its_module_check_helper_running_before_any_program():
+    jax_exec._CHECKER.close()  # as in a fresh process: no helper yet
+    server = PartyServer(ClusterSpec.local(1), "P0", timeout=10.0)
+    server.start()
+    try:
+        helper = jax_exec._CHECKER._process
+        assert helper is not None and helper.poll() is None
+    finally:
+        server.stop(grace=0.0)
 
 
 def test_the_server_command_explains_a_bad_cluster_file(tmp_path):

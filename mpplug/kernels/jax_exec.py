@@ -413,7 +413,13 @@ def _placing(call: Callable[..., Any], device: Any) -> Callable[..., Any]:
 
 
 _CHECKER = ModuleChecker()
-"""Its helper process starts when a party first loads an artifact, and stops at exit."""
+"""Its helper process starts when a party server starts (`start_module_check`) or first loads
+an artifact, and stops at exit."""
+
+
+def start_module_check() -> None:
+    """Start the helper that checks the modules of artifacts from the network."""
+    _CHECKER.start()
 
 
 def serialize_with_sdy() -> bool:

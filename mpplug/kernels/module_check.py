@@ -68,6 +68,12 @@ class ModuleChecker:
         self.forks = 0
         """How many requests the helper has forked a process for."""
 
+    def start(self) -> None:
+        """Start the helper now rather than at the first check (a party starting up, so that
+        its first program does not wait for it)."""
+        with self._lock:
+            self._running()
+
     def check(self, module: bytes, *, with_sdy: bool) -> CheckedModule:
         """`module` as a fresh fork of the helper parsed and wrote it again. A module that
         does not come back as it went in (another writer's bytes, or a corrupt module that

@@ -28,6 +28,7 @@ from mpplug.config import ClusterSpec, ServerLimits, is_loopback, split_endpoint
 from mpplug.core.custom_calls import CustomCallPolicy
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.kernels.datasets import Datasets
+from mpplug.kernels.jax_exec import start_module_check
 from mpplug.protos import service_pb2
 from mpplug.remote.bulk import Listener
 from mpplug.remote.channels import server_options
@@ -171,6 +172,7 @@ class PartyServer:
         server.start()
         if bulk is not None:
             bulk.start()
+        start_module_check()  # its helper starts now, not on the first program's clock
         self._bulk = bulk
         for name in ("", *(service.full_name for service in SERVICES.values())):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
