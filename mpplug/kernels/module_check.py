@@ -54,8 +54,8 @@ class CheckedModule:
 
 
 class ModuleChecker:
-    """The helper process (started on first use, again after it dies), one request at a time,
-    and the verdicts on the modules that passed."""
+    """The helper process (started by `start` or at the first check, again after it dies), one
+    request at a time, and the verdicts on the modules that passed."""
 
     def __init__(self, timeout: float = CHECK_TIMEOUT_S) -> None:
         self.timeout = timeout
@@ -140,7 +140,8 @@ class ModuleChecker:
             if not self._registered:
                 atexit.register(self.close)
                 self._registered = True
-            env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # never touch the party's accelerator
+            # it imports no JAX; were it to, it should never touch the party's accelerator
+            env = {**os.environ, "JAX_PLATFORMS": "cpu"}
             self._process = subprocess.Popen(
                 [sys.executable, "-P", module_parser.__file__],
                 stdin=subprocess.PIPE,
@@ -197,7 +198,7 @@ def _verdict_key(module: bytes, with_sdy: bool) -> bytes:
 
 
 def _unpack(data: bytes) -> list[bytes]:
-    """The parts `_pack` packed, or EOFError if `data` is not a whole frame."""
+    """The parts `module_parser.pack` packed, or EOFError if `data` is not a whole frame."""
     parts, at = [], 0
     try:
         (count,) = LENGTH.unpack_from(data, at)
