@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from mpplug.config import ClusterSpec, TLSFiles, free_port
-from mpplug.errors import CommTimeoutError, ExecutionAborted, PartyUnavailableError
+from mpplug.errors import CommTimeoutError, ExecutionAborted, PartyUnavailableError, WireError
 from mpplug.protos import service_pb2 as pb
 from mpplug.remote.bulk import (
     EAGER,
@@ -264,7 +264,10 @@ def test_a_refused_small_value_is_answered_its_bytes_dropped_and_the_connection_
         threading.Timer(0.3, receiver.mailbox.take, (_key(9), 1.0)).start()
         with sender(spec) as comm:
             comm.send(_key(1), small)
-        np.testing.assert_array_equal(receiver.mailbox.take(_key(1), 1.0), small)
+            np.testing.assert_array_equal(receiver.mailbox.take(_key(1), 1.0), small)
+            with pytest.raises(WireError, match="expected '<session>:<execution id>'"):
+                comm.send(Key("no-session", 2, 0, 1), small)  # refused, not tried again
+            assert all(link.sock is not None for link in comm._links._idle.get(1, []))
 
 
 # -- what the listener refuses ----------------------------------------------------------------

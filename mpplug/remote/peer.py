@@ -189,7 +189,8 @@ class PeerCommunicator(Communicator):
             self._track(key, link)
             link.send(head, payload, give_up, self.timeout, self._links.context)
         except Refused as exc:
-            self._links.give_back(link)
+            if link.sock is not None:  # a refused eager value's link is closed, not kept
+                self._links.give_back(link)
             raise _Failed(exc.code, exc.details) from None
         except (OSError, ssl.SSLError) as exc:
             link.close()
