@@ -25,6 +25,7 @@ from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
 from mpplug.kernels.builtin import check_range_pfunction
 from mpplug.mpc import ring, trace_cache
 from mpplug.mpc.aby3 import ABY3
+from mpplug.mpc.collection import collection_paused
 from mpplug.mpc.interpreter import Interpreter, Secret, is_float
 from mpplug.mpc.loops import Looping
 from mpplug.mpc.protocol import TRUNCATIONS, Context, Protocol
@@ -273,19 +274,20 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     key = trace_cache.trace_key(closed, inputs, settings)
     recording = trace_cache.load(key)
     if recording is None:
-        recording = _record(
-            closed,
-            leaves,
-            dynamic,
-            secret_positions,
-            first,
-            proto,
-            context,
-            public_inputs,
-            state,
-            name,
-            builder.platforms,
-        )
+        with collection_paused():
+            recording = _record(
+                closed,
+                leaves,
+                dynamic,
+                secret_positions,
+                first,
+                proto,
+                context,
+                public_inputs,
+                state,
+                name,
+                builder.platforms,
+            )
         trace_cache.store(key, recording)
     else:
         state.stream += recording.streams
