@@ -35,6 +35,7 @@ from mpplug.core.custom_calls import (
 )
 from mpplug.errors import InvalidPFunctionError
 from mpplug.kernels import interpreted
+from mpplug.kernels.collection import collection_paused
 from mpplug.kernels.compile_cache import cache_key, disk_cache
 from mpplug.kernels.devices import export_platform
 from mpplug.kernels.module_check import ModuleChecker, ModuleRefused
@@ -578,7 +579,8 @@ def prepare_jax_exec(pfunc: PFunction, runtime: KernelRuntime) -> None:
     """Ready `pfunc` for `runtime` ahead of its first call: interpreted where it can run so
     and is not compiled yet (see `interpret_first_runs`), else compiled."""
     if interpret_first_runs():
-        _cached(pfunc, runtime, _shared_first_tier)
+        with collection_paused():  # a plan is many objects made at once
+            _cached(pfunc, runtime, _shared_first_tier)
     else:
         _compiled(pfunc, runtime)
 

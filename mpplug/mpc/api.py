@@ -23,9 +23,9 @@ from mpplug.frontend.jax_export import function_name
 from mpplug.frontend.primitives import run_pfunc
 from mpplug.frontend.tracer import GraphBuilder, TracedValue, current_builder
 from mpplug.kernels.builtin import check_range_pfunction
+from mpplug.kernels.collection import collection_paused
 from mpplug.mpc import ring, trace_cache
 from mpplug.mpc.aby3 import ABY3
-from mpplug.mpc.collection import collection_paused
 from mpplug.mpc.interpreter import Interpreter, Secret, is_float
 from mpplug.mpc.loops import Looping
 from mpplug.mpc.protocol import TRUNCATIONS, Context, Protocol

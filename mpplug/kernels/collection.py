@@ -1,6 +1,7 @@
-"""Python's cyclic garbage collector paused while a share program is traced and split into
-rounds: the trace makes millions of objects that live until it ends, and the collector scanned
-them again and again (the MLP step's trace: 2.15 s with it, 1.79 s without)."""
+"""Python's cyclic garbage collector paused around work that makes many long-lived objects at
+once, which the collector would scan again and again: tracing a share program (the MLP step's
+trace: 2.15 s with it running, 1.79 s paused) and planning a program's functions for their
+interpreted first run (its first evaluate: 0.93 s, 0.81 s paused)."""
 
 from __future__ import annotations
 

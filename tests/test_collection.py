@@ -1,6 +1,6 @@
-"""Cyclic garbage collection is paused while mp.mpc traces a share program, and the
-collector's state is restored after: across threads tracing at once, and when the caller
-had disabled it."""
+"""Cyclic garbage collection is paused while mp.mpc traces a share program and while a party
+plans a function for its interpreted first run, and the collector's state is restored after:
+across threads at once, and when the caller had disabled it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import mpplug as mp
+from mpplug.kernels import KernelRuntime, interpreted, jax_exec
+from mpplug.kernels.collection import collection_paused
 from mpplug.mpc import api
-from mpplug.mpc.collection import collection_paused
 
 
 @pytest.fixture
@@ -50,6 +51,29 @@ def test_a_share_program_is_traced_with_collection_paused(
         np.testing.assert_allclose(sim.fetch(out, party=0), x * y + 1.5, atol=1e-3)
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_a_function_is_planned_for_its_interpreted_first_run_with_collection_paused(
+    monkeypatch: pytest.MonkeyPatch, collector_on: None
+) -> None:
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", "")  # nothing compiled on disk
+    seen: list[bool] = []
+    plan = interpreted.plan_serialized
+
+    def planning(module: bytes) -> Any:
+        seen.append(gc.isenabled())
+        return plan(module)
+
+    monkeypatch.setattr(interpreted, "plan_serialized", planning)
+    x = np.arange(5, dtype=np.int32)
+    c = int(np.random.default_rng().integers(10, 1000))  # a function no test planned before
+    (pfunc,) = mp.jax_export(lambda v: v * c + 1, x)[:1]
+    runtime = KernelRuntime()
+    jax_exec.prepare_jax_exec(pfunc, runtime)
+    assert seen == [False] and gc.isenabled()
+    np.testing.assert_array_equal(
+        np.asarray(jax_exec.run_jax_exec(pfunc, [x], runtime)[0]), x * c + 1
+    )
 
 
 def test_pauses_on_several_threads_restore_the_collector_after_the_last(
