@@ -33,7 +33,7 @@ def _block() -> range:
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
     size = max((_ephemeral_low() - FIRST_PORT) // workers, 16)
-    start = FIRST_PORT + (index * size) % max(_ephemeral_low() - FIRST_PORT - size, 1)
+    start = FIRST_PORT + index * size
     return range(start, start + size)
 
 

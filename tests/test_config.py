@@ -480,6 +480,19 @@ def test_free_ports_are_distinct_and_bindable_and_the_tests_take_their_workers_o
     assert free_port() != taken
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_each_test_worker_takes_ports_from_a_block_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    blocks = []
+    for index in range(workers):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{index}")
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+        blocks.append(set(WorkerPorts().block))
+    assert all(len(b) >= 16 for b in blocks)
+    assert sum(len(b) for b in blocks) == len(set().union(*blocks))  # no port in two blocks
+
+
 # -- the Simulator takes a spec ---------------------------------------------------------------
 def test_simulator_takes_names_and_devices_from_a_spec():
     spec = ClusterSpec.from_dict(
