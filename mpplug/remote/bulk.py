@@ -611,20 +611,14 @@ class Listener:
         except REFUSALS as exc:
             code, message, _ = refusal_of(exc)
             _reply(sock, code, message)
-            if eager:  # its bytes follow: let them come until the sender closes
-                _drain(sock)
-                return False
-            return self._idle_again(conn)
+            return self._after_refusal(conn, eager)
         try:
             value = self._receive(sock, admitted, eager)
         except BaseException:
             self._inbox.release(admitted)
             raise
         if value is None:
-            if eager:
-                _drain(sock)
-                return False
-            return self._idle_again(conn)
+            return self._after_refusal(conn, eager)
         self._inbox.deliver(admitted, value)
         _reply(sock, _OK)
         return self._idle_again(conn)
@@ -647,6 +641,14 @@ class Listener:
         _read_into(sock, as_bytes_view(buffer))
         value = codec.from_buffer(admitted.ttype, buffer, admitted.where)
         return codec.finish(admitted.header, value, admitted.where)
+
+    def _after_refusal(self, conn: _Connection, eager: bool) -> bool:
+        """Whether `conn` goes on after a refused value: not after an eager one, whose bytes
+        follow (they are let come until the sender closes)."""
+        if eager:
+            _drain(conn.sock)
+            return False
+        return self._idle_again(conn)
 
     def _idle_again(self, conn: _Connection) -> bool:
         with self._lock:
