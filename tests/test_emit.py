@@ -19,6 +19,7 @@ import mpplug as mp
 from mpplug.core import PFunction
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels import KernelRuntime, interpreted, invoke, jax_exec
+from mpplug.kernels.runtime import LRUCache
 from mpplug.mpc import emit, prf, rounds
 
 RNG = np.random.default_rng(11)
@@ -418,3 +419,51 @@ def test_every_round_of_a_secure_program_is_the_exports_bit_for_bit(
     np.testing.assert_allclose(got[2], x[i], atol=1e-4)
     assert len(checked) > 10
     assert "exported by jax.export" not in caplog.text
+
+
+def test_rounds_two_programs_share_are_written_once_and_are_the_same_function(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Round names say what a round sends, not which program it is in: a second program
+    whose rounds are mostly the first's (here, a product followed by a different public
+    step) gets the same PFunctions for them, without parsing and writing them again, so a
+    party's plans and compiled code for them serve both."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))
+    serialized, round_function = emit._serialized, emit.round_function
+    parsed: list[str] = []
+    written: list[list[PFunction]] = []
+
+    def counting(text: str) -> bytes:
+        parsed.append(text)
+        return serialized(text)
+
+    def recorded(*args: Any) -> PFunction:
+        pfunc = round_function(*args)
+        written[-1].append(pfunc)
+        return pfunc
+
+    monkeypatch.setattr(emit, "_serialized", counting)
+    monkeypatch.setattr(emit, "round_function", recorded)
+    monkeypatch.setattr(emit, "_WRITTEN", LRUCache())  # none written by earlier tests
+
+    def program(step: Callable[[Any], Any]) -> Any:
+        @mp.function
+        def secure(x: Any, y: Any) -> Any:
+            a, b = mp.mpc.seal(x, [0, 1, 2]), mp.mpc.seal(y, [0, 1, 2])
+            return mp.mpc.reveal(mp.mpc.run(lambda a, b: step(a * b), a, b), to=0)
+
+        return secure
+
+    x, y = np.float32([1.5, -2.0, 3.0]), np.float32([2.0, 4.0, -0.5])
+    counts = []
+    with mp.Simulator(3) as sim:
+        for step, want in ((lambda p: p + 1.0, x * y + 1), (lambda p: p * 3.0, x * y * 3)):
+            written.append([])
+            before = len(parsed)
+            got = sim.fetch(sim.evaluate(program(step), sim.put(0, x), sim.put(1, y)), party=0)
+            np.testing.assert_allclose(got, want, atol=1e-3)
+            counts.append(len(parsed) - before)
+    first, second = ({p.digest for p in w} for w in written)
+    assert counts == [len(first), len(second - first)] and len(second - first) <= 2, counts
+    rounds = {p.fn_name for w in written for p in w if p.fn_name.startswith("mpc.")}
+    assert "mpc.trunc.bits" in rounds and not any("lambda" in n for n in rounds), rounds

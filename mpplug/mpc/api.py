@@ -330,7 +330,7 @@ def _record(
 
     def share_program(role: Any, keys: Any, *inputs: Any) -> list[Any]:
         ctx = Context(role, keys, first.frac_bits, state.next_stream, first.truncation)
-        interpreter = Interpreter(proto, ctx, where, Looping(name, platforms))
+        interpreter = Interpreter(proto, ctx, where, Looping(platforms))
         secrets = iter(inputs[:n_secret])
         publics = iter(inputs[n_secret:])
         values = []
@@ -357,7 +357,7 @@ def _record(
     avals += [jax.ShapeDtypeStruct(v.shape, v.dtype.numpy) for v in public_inputs]
     with jax.enable_x64(True):
         program = jax.make_jaxpr(share_program)(*avals)
-    recording = record_rounds(program, avals, name, platforms)
+    recording = record_rounds(program, avals, platforms)
     recording.metas = [
         (tuple(shape), np.dtype(dtype), boolean, wide) for shape, dtype, boolean, wide in metas
     ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 
 from mpplug.core import PFunction, TensorType
 from mpplug.kernels import jax_exec
+from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
 
 ELEMENT_TYPES: dict[np.dtype, str] = {
     np.dtype(np.bool_): "i1",
@@ -765,6 +767,15 @@ def jaxpr_function(
     return round_function(name, inputs, body, platforms)
 
 
+WRITTEN_BYTES = 64 << 20
+_WRITTEN: LRUCache[tuple[Any, ...], PFunction] = LRUCache(
+    4 * DEFAULT_CACHE_SIZE, weigh=lambda p: len(p.fn_body), max_weight=WRITTEN_BYTES
+)
+"""Rounds this process wrote, by their module text, name, types and platform: a round written
+again (by the next program, or a program traced anew after an edit) is not parsed and
+written again (about 1 ms)."""
+
+
 def round_function(
     name: str,
     inputs: Sequence[jax.ShapeDtypeStruct],
@@ -779,9 +790,21 @@ def round_function(
     builder = Builder()
     args = [builder.arg(s.shape, s.dtype) for s in inputs]
     results = [builder.value(r) for r in body(builder, *args)]
-    module = _serialized(builder.text(results))
+    text = builder.text(results)
     in_avals = tuple(jax.core.ShapedArray(s.shape, s.dtype) for s in inputs)
     out_avals = tuple(jax.core.ShapedArray(r.shape, r.dtype) for r in results)
+    key = (hashlib.sha256(text.encode()).digest(), name, platform, in_avals, out_avals)
+    return _WRITTEN.get_or_create(key, lambda: _written(name, platform, text, in_avals, out_avals))
+
+
+def _written(
+    name: str,
+    platform: str,
+    text: str,
+    in_avals: tuple[jax.core.ShapedArray, ...],
+    out_avals: tuple[jax.core.ShapedArray, ...],
+) -> PFunction:
+    module = _serialized(text)
     n, m = len(in_avals), len(out_avals)
     exported = dataclasses.replace(
         _template(platform),

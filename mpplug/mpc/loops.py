@@ -48,9 +48,8 @@ def _join(a: Kind, b: Kind) -> Kind:
 
 @dataclass
 class Looping:
-    """Makes loops for one share program: `name` and `platforms` as its rounds'."""
+    """Makes loops for one share program: `platforms` as its rounds'."""
 
-    name: str
     platforms: Sequence[str] | None
 
     def scan(
@@ -117,7 +116,6 @@ class _Scan:
         recording = record_rounds(
             closed,
             avals,
-            f"{self.looping.name}.loop",
             self.looping.platforms,
             iteration=(0, streams) if streams else None,
         )

@@ -194,7 +194,6 @@ def _last_use(plan: RoundPlan, jaxpr: Jaxpr) -> dict[Any, int]:
 def record_rounds(
     closed: ClosedJaxpr,
     input_types: Sequence[jax.ShapeDtypeStruct],
-    name: str,
     platforms: Sequence[str] | None,
     iteration: tuple[int, int] | None = None,
 ) -> Recording:
@@ -230,7 +229,7 @@ def record_rounds(
     final = plan.rounds
     for level in range(final + 1):
         if randomness is not None and level == randomness.level:
-            held[BUFFER] = randomness.record_draw(recording, types, held, consts, platforms, name)
+            held[BUFFER] = randomness.record_draw(recording, types, held, consts, platforms)
         eqns = [e for e in local.get(level, []) if e.primitive is not prf_p]
         sends = [(i, m) for i, m in enumerate(plan.messages) if m.level == level]
         defined = dict.fromkeys(v for e in eqns for v in e.outvars if _is_var(v))
@@ -279,9 +278,7 @@ def record_rounds(
             )
             args = [held[v] for v in direct] + [packed[m] for m in messages]
             tags = "+".join(m.tag for _, m in sends) or "out"
-            pfunc = _round_function(
-                segment, f"mpc.{name}.{tags}", [types[a] for a in args], platforms
-            )
+            pfunc = _round_function(segment, f"mpc.{tags}", [types[a] for a in args], platforms)
             results = recording.call(pfunc, args)
             types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in tensor_outs(pfunc)]
             held.update(zip(keep, results, strict=False))
@@ -350,7 +347,6 @@ class _Randomness:
         held: dict[Any, int],
         consts: dict[Var, Any],
         platforms: Sequence[str] | None,
-        name: str,
     ) -> int:
         """Record the keys' PFunction and the keystream call; returns the buffer's value."""
         key_vars = [e.invars[0] for e in self.eqns]
@@ -380,7 +376,7 @@ class _Randomness:
             return (ops.concatenate(rows, 0),)
 
         args = [held[v] for v in inputs]
-        pfunc = _round_function(keys, f"mpc.{name}.keys", [types[a] for a in args], platforms)
+        pfunc = _round_function(keys, "mpc.keys", [types[a] for a in args], platforms)
         (table,) = recording.call(pfunc, args)
         (out,) = tensor_outs(pfunc)
         types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
