@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -278,3 +279,21 @@ def test_errors_derive_from_mpplug_error_and_the_expected_builtin(
 
 def test_pfunction_and_types_are_public():
     assert mp.PFunction is PFunction and mp.TensorType is TensorType and mp.DType is DType
+
+
+def test_decoded_types_are_made_once_and_a_bad_one_names_each_place_it_is_met() -> None:
+    from mpplug.core import serde
+    from mpplug.errors import UnsupportedDTypeError
+    from mpplug.protos import values_pb2
+
+    good = values_pb2.TensorType(dtype=values_pb2.FLOAT32, shape=[2, 3])
+    first = serde.tensor_type_from_proto(good, "ins_info[0]")
+    assert first is serde.tensor_type_from_proto(good, "outs[1]")
+    assert first == mp.TensorType(np.float32, (2, 3))
+    bad = values_pb2.TensorType(dtype=values_pb2.FLOAT32, shape=[4, -1])
+    for where in ("ins_info[0]", "ops[7].outs[2]"):
+        with pytest.raises(ValueError, match=rf"^{re.escape(where)}: expected non-negative"):
+            serde.tensor_type_from_proto(bad, where)
+    unknown = values_pb2.TensorType(dtype=99, shape=[1])
+    with pytest.raises(UnsupportedDTypeError, match=r"^outs\[0\]: expected a DType enum"):
+        serde.tensor_type_from_proto(unknown, "outs[0]")

@@ -5,6 +5,7 @@ Decoding validates everything and raises typed errors that say what is wrong and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
@@ -30,22 +31,31 @@ def tensor_type_to_proto(t: TensorType) -> pb.TensorType:
 def tensor_type_from_proto(msg: pb.TensorType, where: str) -> TensorType:
     """Decode a TensorType; `where` names the field for error messages."""
     try:
-        dtype = DType.from_proto(msg.dtype)
+        return _tensor_type(msg.dtype, tuple(msg.shape))
     except UnsupportedDTypeError as exc:
         raise UnsupportedDTypeError(f"{where}: {exc}") from None
-    if len(msg.shape) > MAX_RANK:
-        raise ValueError(f"{where}: expected rank <= {MAX_RANK}, got {len(msg.shape)}")
-    if any(d < 0 for d in msg.shape):
-        raise ValueError(f"{where}: expected non-negative dimensions, got {list(msg.shape)}")
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_type(dtype_code: int, shape: tuple[int, ...]) -> TensorType:
+    """The checked type of a dtype code and shape, made once (a program's thousands of values
+    have few distinct types); what is wrong raises, and is not cached."""
+    dtype = DType.from_proto(dtype_code)
+    if len(shape) > MAX_RANK:
+        raise ValueError(f"expected rank <= {MAX_RANK}, got {len(shape)}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"expected non-negative dimensions, got {list(shape)}")
     extent = dtype.itemsize
-    for dim in msg.shape:
+    for dim in shape:
         extent *= max(dim, 1)
         if extent > MAX_EXTENT_BYTES:
             raise ValueError(
-                f"{where}: shape {list(msg.shape)} of {dtype.value} spans over 2^63 bytes "
+                f"shape {list(shape)} of {dtype.value} spans over 2^63 bytes "
                 f"(zero-size dimensions counted as 1), over the limit of any array"
             )
-    return TensorType(dtype, tuple(msg.shape))
+    return TensorType(dtype, shape)
 
 
 def table_schema_to_proto(t: TableType) -> pb.TableSchema:
