@@ -354,6 +354,10 @@ def test_up_serves_every_party_and_sigterm_stops_them_all(tmp_path: Path, spawn:
         line = next(x for x in up.lines if x.startswith(f"{party.name} "))
         assert line.split()[:4] == [party.name, str(rank), party.listen, party.endpoint]
         assert health(party.endpoint) == "SERVING"
+    blas = os.environ.get("OPENBLAS_NUM_THREADS", "1")  # the parties share this host's cores
+    for pid in pids.values():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"OPENBLAS_NUM_THREADS={blas}".encode() in environ
 
     status = run_cli("status", "--config", config)
     assert status.returncode == 0, status.stdout + status.stderr

@@ -20,15 +20,21 @@ from mpplug.remote.status import query_status
 
 LOG_TAIL_CHARS = 4000
 
+SHARED_HOST_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+"""Defaults for parties that share this host's cores (this process's environment and `env`
+override them): numpy's OpenBLAS runs each float product (an interpreted first run's) on a
+thread per core that spin while they wait, so parties multiplying at once on two cores took
+160-230 ms for a 128x128 product's round that takes 6-10 ms on one thread each."""
+
 
 class LocalParties:
     """`python -m mpplug.remote.server` for each party of `config`, logging to `log_dir`.
 
-    `env` adds to (or overrides) this process's environment for the parties; `timeout`,
-    `session_idle_timeout`, `limits` (NAME=VALUE) and `insecure` are passed to each party
-    (see `mpplug serve`). Each party stops by itself when this process is gone, even killed
-    with SIGKILL. Used as a context manager, every process is killed on exit, even when the
-    body fails.
+    `env` adds to (or overrides) this process's environment, over `SHARED_HOST_ENV`, for the
+    parties; `timeout`, `session_idle_timeout`, `limits` (NAME=VALUE) and `insecure` are
+    passed to each party (see `mpplug serve`). Each party stops by itself when this process
+    is gone, even killed with SIGKILL. Used as a context manager, every process is killed on
+    exit, even when the body fails.
     """
 
     def __init__(
@@ -45,7 +51,7 @@ class LocalParties:
         self.config = Path(config)
         self.spec = ClusterSpec.from_yaml(self.config)
         self.log_dir = Path(log_dir)
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**SHARED_HOST_ENV, **os.environ, **(env or {})}
         self.timeout = timeout
         self.session_idle_timeout = session_idle_timeout
         self.limits = list(limits)
