@@ -344,6 +344,7 @@ def start_up(
     return up, pids
 
 
+@pytest.mark.slow
 def test_up_serves_every_party_and_sigterm_stops_them_all(tmp_path: Path, spawn: type[Spawned]):
     config = write_cluster(tmp_path, ["alice", "bob"])
     spec = ClusterSpec.from_yaml(config)

@@ -225,6 +225,7 @@ def stop_mid_run(
         assert int(driver.fetch(moved, party=second)) == spec.rank_of(first)
 
 
+@pytest.mark.slow
 def test_a_stopped_party_is_named_within_the_timeout_and_the_others_stay_healthy(
     stoppable: StoppableCluster,
 ):
@@ -272,6 +273,7 @@ def cut_when_sent(hosts: Hosts, sender: int, victim: int, nbytes: int) -> Iterat
         watcher.join()
 
 
+@pytest.mark.slow
 def test_a_partition_during_a_large_transfer_names_the_party_cut_off(hosts: Hosts, tmp_path: Path):
     config = write_cluster_file(hosts, tmp_path)
     spec = ClusterSpec.from_yaml(config)

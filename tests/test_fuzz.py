@@ -59,6 +59,7 @@ def _defects(report: Report, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_party_servers_answer_hostile_callers_with_typed_errors(tmp_path, capsys, tls):
     report = run(tmp_path, tls=tls, requests=REQUESTS, seed=SEED[tls])

@@ -533,6 +533,7 @@ def _random_inputs(types: Any) -> list[np.ndarray]:
     return inputs
 
 
+@pytest.mark.slow
 def test_a_secure_programs_functions_interpreted_give_xlas_bits() -> None:
     """Every round function of a secure program (products, truncations, comparisons, a
     division, a gather at secret indices), on random shares, bit for bit as compiled."""

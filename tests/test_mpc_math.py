@@ -131,6 +131,7 @@ def overflowing(a: Any, b: Any, h: Any, u: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_narrow_integer_sums_and_products_wrap_at_their_width_as_jax_does():
     """An int32 sum or product is right modulo 2^32 in the ring; whatever reads more than
     its low bits (a comparison, a division, a widening or real conversion, a sort, a loop's
@@ -218,6 +219,7 @@ def sixty_four_bit_divisions(a: Any, d: Any, u: Any, v: Any, s: Any) -> dict[str
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_64_bit_integers_and_varying_public_divisors_divide_exactly():
     """Long division over 64 bits: int64's extremes (its minimum's magnitude is 2^63),
     uint64 divisors past 2^63 and dividends near 2^64; public divisors that differ per

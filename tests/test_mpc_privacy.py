@@ -257,6 +257,7 @@ def test_matmul_views_are_uniform_secret_independent_and_free_of_inputs_and_resu
     check_views("matmul", secrets, seen)
 
 
+@pytest.mark.slow
 def test_sort_secret_index_and_secret_branch_views_are_uniform_and_secret_independent():
     """Secret A: x ascending and positive, indices 0..15 twice (no swap, the first branch);
     secret B: x descending and negative, indices 15..0 twice (swaps, the other branch)."""

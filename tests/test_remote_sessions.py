@@ -101,6 +101,7 @@ def test_a_session_no_call_names_is_closed_with_its_values_and_calls_renew_it(sp
         assert list(stub.Fetch(pb.FetchRequest(session="busy", name="x"), timeout=5.0))
 
 
+@pytest.mark.slow
 def test_a_driver_keeps_its_session_open_while_it_is_idle(spec):
     with in_process(spec, session_idle_timeout=2.0), Driver(spec, timeout=10.0) as driver:
         assert driver.keepalive_interval == pytest.approx(2.0 / 3)

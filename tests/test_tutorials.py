@@ -27,6 +27,7 @@ def test_the_tutorials_exist():
     assert [t.name[:2] for t in TUTORIALS][:3] == ["00", "01", "02"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda p: p.stem)
 def test_tutorial_runs(tutorial: Path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
