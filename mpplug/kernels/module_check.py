@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 
 from mpplug.core.custom_calls import CustomCall
 from mpplug.kernels import module_parser
-from mpplug.kernels.module_parser import LENGTH, read_frame, write_frame
+from mpplug.kernels.module_parser import read_frame, unpack, write_frame
 from mpplug.kernels.runtime import LRUCache
 
 CHECK_TIMEOUT_S = 120.0
@@ -123,7 +122,7 @@ class ModuleChecker:
             self.forks += 1
             try:
                 write_frame(process.stdin, [b"sdy" if with_sdy else b"", *modules])
-                replies = [_unpack(part) for part in read_frame(process.stdout, deadline)]
+                replies = [unpack(part) for part in read_frame(process.stdout, deadline)]
             except (OSError, EOFError, TimeoutError) as exc:
                 raise ModuleRefused(self._failure(exc)) from None
         done = []
@@ -195,23 +194,3 @@ def _call(part: bytes) -> CustomCall:
 
 def _verdict_key(module: bytes, with_sdy: bool) -> bytes:
     return hashlib.sha256(module).digest() + (b"sdy" if with_sdy else b"")
-
-
-def _unpack(data: bytes) -> list[bytes]:
-    """The parts `module_parser.pack` packed, or EOFError if `data` is not a whole frame."""
-    parts, at = [], 0
-    try:
-        (count,) = LENGTH.unpack_from(data, at)
-        at += LENGTH.size
-        for _ in range(count):
-            (size,) = LENGTH.unpack_from(data, at)
-            at += LENGTH.size
-            if at + size > len(data):
-                raise EOFError
-            parts.append(data[at : at + size])
-            at += size
-    except struct.error:
-        raise EOFError from None
-    if not parts or at != len(data):
-        raise EOFError
-    return parts

@@ -33,6 +33,26 @@ def pack(parts: list[bytes]) -> bytes:
     return b"".join(out)
 
 
+def unpack(data: bytes) -> list[bytes]:
+    """The parts `pack` packed, or EOFError if `data` is not a whole frame."""
+    parts, at = [], 0
+    try:
+        (count,) = LENGTH.unpack_from(data, at)
+        at += LENGTH.size
+        for _ in range(count):
+            (size,) = LENGTH.unpack_from(data, at)
+            at += LENGTH.size
+            if at + size > len(data):
+                raise EOFError
+            parts.append(data[at : at + size])
+            at += size
+    except struct.error:
+        raise EOFError from None
+    if not parts or at != len(data):
+        raise EOFError
+    return parts
+
+
 def write_frame(stream: IO[bytes], parts: list[bytes]) -> None:
     stream.write(LENGTH.pack(len(parts)))
     for part in parts:
