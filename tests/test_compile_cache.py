@@ -73,6 +73,7 @@ SECURE_PROGRAM = textwrap.dedent(
     import json
     import numpy as np
     import mpplug as mp
+    from mpplug.kernels import jax_exec
     from mpplug.kernels.compile_cache import disk_cache
 
     @mp.function
@@ -85,7 +86,8 @@ SECURE_PROGRAM = textwrap.dedent(
         sim.fetch(sim.evaluate(prog, x), party=0)  # the second run compiles (and stores)
     stats = disk_cache().stats
     print(json.dumps({"got": got.tolist(), "hits": stats.hits, "writes": stats.writes,
-                      "misses": stats.misses, "refused": stats.refused}))
+                      "misses": stats.misses, "refused": stats.refused,
+                      "lapack": jax_exec._lapack_ready.cache_info().currsize}))
     """
 )
 
@@ -116,6 +118,7 @@ def test_a_second_process_reuses_the_first_ones_executables_and_traces(tmp_path:
     # everything the first wrote is found: each executable, and the traced share program
     assert second["writes"] == 0 and second["misses"] == 0
     assert second["hits"] == first["writes"] == len(entries(folder))
+    assert second["lapack"] == 0  # no custom calls: LAPACK (scipy.linalg, 70 ms) not loaded
 
 
 LAPACK_PROGRAM = textwrap.dedent(
@@ -124,13 +127,15 @@ LAPACK_PROGRAM = textwrap.dedent(
     import jax.numpy as jnp
     import numpy as np
     import mpplug as mp
+    from mpplug.kernels import jax_exec
     from mpplug.kernels.compile_cache import disk_cache
 
     spd = np.array([[4.0, 1.0], [1.0, 3.0]], np.float32)
     prog = mp.function(lambda x: mp.run_jax(lambda m: jnp.linalg.cholesky(jnp.linalg.inv(m)), x))
     with mp.Simulator(1) as sim:
         got = sim.fetch(sim.evaluate(prog, sim.put(0, spd)), party=0)
-    print(json.dumps({"got": got.tolist(), "hits": disk_cache().stats.hits}))
+    lapack = jax_exec._lapack_ready.cache_info().currsize
+    print(json.dumps({"got": got.tolist(), "hits": disk_cache().stats.hits, "lapack": lapack}))
     """
 )
 
@@ -147,6 +152,7 @@ def test_a_cached_executable_that_calls_lapack_runs_in_a_new_process(tmp_path: P
     want = np.linalg.cholesky(np.linalg.inv([[4.0, 1.0], [1.0, 3.0]]))
     np.testing.assert_allclose(runs[1]["got"], want, rtol=1e-5)
     assert runs[1]["got"] == runs[0]["got"] and runs[1]["hits"] > runs[0]["hits"] == 0
+    assert runs[1]["lapack"] == 1  # loaded before the executable that calls it
 
 
 # ---------------------------------------------------------------- entries never loaded

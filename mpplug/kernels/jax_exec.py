@@ -66,8 +66,12 @@ except ImportError:  # pragma: no cover - layout of a future JAX
     _flatbuf, _readable_version = None, None
 
 
-CACHE_FORMAT = "1"
+CACHE_FORMAT = "2"
 """Bumped when what the persistent cache stores for an artifact changes."""
+_CALLS_NATIVE = b"N"
+_NO_CUSTOM_CALLS = b"-"
+"""The first byte of a stored executable: whether its module makes custom calls (a CPU one
+may call LAPACK, whose routines must be loaded first), found when it was compiled here."""
 
 
 @dataclass(frozen=True)
@@ -191,12 +195,14 @@ def load(pfunc: PFunction, runtime: KernelRuntime, interpret: bool = False) -> C
     try:
         if runtime.untrusted_artifacts:
             exported, calls = _checked_module(pfunc, exported)
-            runtime.custom_calls.check([c.target for c in calls], platform, _where(pfunc))
+            targets = tuple(c.target for c in calls)
+            runtime.custom_calls.check(targets, platform, _where(pfunc))
             for custom in calls:
                 if runs_on([custom.target], platform):
                     check_buffers(custom, _where(pfunc), runtime.custom_calls.entries)
         else:
-            runtime.custom_calls.check(module_targets(exported), platform, _where(pfunc))
+            targets = module_targets(exported)
+            runtime.custom_calls.check(targets, platform, _where(pfunc))
     except CustomCallRefused as exc:
         raise InvalidPFunctionError(str(exc)) from None
     if interpret:
@@ -212,7 +218,7 @@ def load(pfunc: PFunction, runtime: KernelRuntime, interpret: bool = False) -> C
     else:
         size = len(payload)
         if disk is not None:
-            disk.put(key, payload)
+            disk.put(key, (_CALLS_NATIVE if targets else _NO_CUSTOM_CALLS) + payload)
     call = _placing(compiled, device)
     return CompiledExport(_with_x64(call) if x64 else call, size)
 
@@ -340,11 +346,14 @@ def _host_features() -> str:
     return "\n".join(dict.fromkeys(lines))
 
 
-def _from_disk(pfunc: PFunction, payload: bytes, device: Any) -> CompiledExport | None:
+def _from_disk(pfunc: PFunction, stored: bytes, device: Any) -> CompiledExport | None:
     """A cached executable loaded onto `device`, or None if the backend refuses it."""
     from jax._src.lib import xla_client
 
-    if device.platform == "cpu" and not _lapack_ready():
+    calls, payload = stored[:1], stored[1:]
+    if calls not in (_CALLS_NATIVE, _NO_CUSTOM_CALLS):
+        return None  # not what this version stores: compile instead
+    if device.platform == "cpu" and calls == _CALLS_NATIVE and not _lapack_ready():
         return None  # its LAPACK calls would find no routines: compile instead
     try:
         executable = device.client.deserialize_executable(
