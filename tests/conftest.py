@@ -3,13 +3,17 @@
 The plugin folder goes on sys.path so its kernels are found through entry points. Tests
 marked `slow` run first, so that pytest-xdist workers start the long ones while the short
 ones are left to fill in around them. Ports come from each worker's own block (`ports`).
+The session starts by compiling mpplug's sources to bytecode, so the party and CLI processes
+the tests start read it even where PYTHONDONTWRITEBYTECODE keeps Python from writing it.
 """
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +30,13 @@ DEFAULT_TIMEOUT = 20.0
 
 mpplug.config.free_ports = WorkerPorts().take  # type: ignore[assignment]
 """Clusters the tests make listen on this worker's own ports (see `ports`)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # once, in the process that starts the workers
+        root = Path(__file__).resolve().parent.parent
+        for package in ("mpplug", "simulator"):
+            compileall.compile_dir(root / package, quiet=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
