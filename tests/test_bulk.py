@@ -188,6 +188,7 @@ def test_concurrent_small_values_use_the_kept_links_or_grpc_never_new_connection
         try:
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda op: comm.send(_key(op), np.full(100, op)), range(64)))
+            comm.settle(EXEC)
             for op in range(64):
                 got = receiver.mailbox.take(_key(op), 1.0)
                 np.testing.assert_array_equal(got, np.full(100, op))
@@ -260,14 +261,90 @@ def test_a_refused_small_value_is_answered_its_bytes_dropped_and_the_connection_
             assert _closed_by_listener(sock)
         assert receiver.mailbox.pending_bytes(0) == small.nbytes  # only the one delivered
 
-        # The communicator reconnects and tries again until the first value is taken.
+        # The communicator reconnects and tries again until the first value is taken: the
+        # send returns once the value is written, and `settle` reads the refusals.
         threading.Timer(0.3, receiver.mailbox.take, (_key(9), 1.0)).start()
         with sender(spec) as comm:
             comm.send(_key(1), small)
+            comm.settle(EXEC)
             np.testing.assert_array_equal(receiver.mailbox.take(_key(1), 1.0), small)
+            comm.send(Key("no-session", 2, 0, 1), small)
             with pytest.raises(WireError, match="expected '<session>:<execution id>'"):
-                comm.send(Key("no-session", 2, 0, 1), small)  # refused, not tried again
+                comm.settle("no-session")  # refused, not tried again
             assert all(link.sock is not None for link in comm._links._idle.get(1, []))
+
+
+def test_a_small_value_is_sent_ahead_and_a_refusal_named_under_its_own_key():
+    """A small value returns once written; its answer is read before the execution's next
+    value to that peer, and a refusal raises there, naming the value refused."""
+    spec = ClusterSpec.local(2)
+    small = np.arange(1000, dtype=np.uint64)
+    with receiving(spec) as receiver, sender(spec) as comm:
+        for op in (1, 2, 3):
+            comm.send(_key(op), small)
+        comm.settle(EXEC)
+        for op in (1, 2, 3):
+            np.testing.assert_array_equal(receiver.mailbox.take(_key(op), 1.0), small)
+        comm.send(Key("no-session", 1, 0, 1), small)  # refused by the receiver, read later
+        with pytest.raises(WireError, match="refused value no-session/1/0->1"):
+            comm.send(Key("no-session", 2, 0, 1), small)
+        comm.send(_key(4), small)  # another execution is not touched by it
+        comm.settle(EXEC)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(4), 1.0), small)
+
+
+@contextlib.contextmanager
+def answering_second(spec: ClusterSpec) -> Iterator[list[bytes]]:
+    """P1's bulk port answered by a receiver that reads a small value and closes without an
+    answer, then reads it again on the next connection and answers OK; yields the payloads."""
+    address = spec.parties[1].bulk_listen
+    assert address is not None
+    server = socket.create_server(("127.0.0.1", address[1]))
+    got: list[bytes] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            for answer in (False, True):
+                conn, _ = server.accept()
+                with conn:
+                    (length,) = struct.unpack(">I", _exactly(conn, 8)[4:])
+                    _exactly(conn, length)
+                    got.append(_exactly(conn, 8000))
+                    if answer:
+                        conn.sendall(struct.pack(">BI", 0, 0))
+                        conn.recv(1)  # until the sender closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield got
+    finally:
+        server.close()
+        thread.join(5.0)
+
+
+def test_a_value_sent_ahead_whose_connection_fails_before_its_answer_is_sent_again():
+    spec = ClusterSpec.local(2)
+    small = np.arange(1000, dtype=np.uint64)
+    with answering_second(spec) as got, sender(spec) as comm:
+        comm.send(_key(), small)
+        comm.settle(EXEC)
+        comm.close()
+    assert got == [small.tobytes(), small.tobytes()]
+
+
+def test_an_abort_cuts_short_waiting_for_the_answer_to_a_value_sent_ahead():
+    spec = ClusterSpec.local(2)
+    small = np.arange(1000, dtype=np.uint64)
+    address = spec.parties[1].bulk_listen
+    assert address is not None
+    with socket.create_server(("127.0.0.1", address[1])), sender(spec, timeout=60.0) as comm:
+        comm.send(_key(), small)  # written into the socket buffers; never answered
+        threading.Timer(0.5, comm.cancel, (EXEC,)).start()
+        started = time.monotonic()
+        with pytest.raises(ExecutionAborted, match="aborted while sending"):
+            comm.settle(EXEC)
+        assert time.monotonic() - started < 5.0
 
 
 # -- what the listener refuses ----------------------------------------------------------------

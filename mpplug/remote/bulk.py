@@ -20,6 +20,10 @@ A value of EAGER_BYTES or less (an `mp.mpc` round's, mostly) takes one round tri
     receiver: status, message: OK once the value is in the mailbox; any other status refuses
               the value, whose bytes the receiver then drops until the sender closes
 
+and its sender may read that answer later (`send(..., answer_later=True)`, then `settle`),
+before anything else goes over the link: it goes on with its execution while the value
+travels, so a round of `mp.mpc` costs one way across the network, not a round trip.
+
 The receiver checks a value exactly as PeerService does (who may send, ids, type, room) before
 it keeps a byte of it. With TLS each end's certificate must be signed by the cluster CA and
 name the party the other end expects: the sender checks that it reached the party it dials,
@@ -237,6 +241,8 @@ class Link:
         self.reused = False
         self.cancelled = False
         self.idle_since = 0.0
+        self.owed_until: float | None = None
+        """The deadline of the value sent whose answer is not read yet, if one is."""
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -252,7 +258,7 @@ class Link:
     def idle_and_open(self) -> bool:
         """Whether the connection is still usable: an idle link has nothing to read, so one
         with an event was closed (or written to) by the other end."""
-        if self.sock is None:
+        if self.sock is None or self.owed_until is not None:
             return False
         poller = select.poll()
         poller.register(self.sock, select.POLLIN | select.POLLPRI)
@@ -265,10 +271,15 @@ class Link:
         give_up: float,
         stall_s: float,
         context: ssl.SSLContext | None,
+        *,
+        answer_later: bool = False,
     ) -> None:
         """Connect if not connected, offer the value, then move its bytes once the receiver
         says go ahead. Refused if it says otherwise (the link stays usable); OSError if the
-        connection fails or stalls for `stall_s` (DeadlinePassed once `give_up` passes)."""
+        connection fails or stalls for `stall_s` (DeadlinePassed once `give_up` passes).
+        With `answer_later`, a value of EAGER_BYTES or less returns once written: `settle`
+        reads its answer."""
+        assert self.owed_until is None, "settle the value sent before sending another"
         if self.sock is None:
             self._connect(give_up, stall_s, context)
         sock = self.sock
@@ -277,11 +288,9 @@ class Link:
         if len(payload) <= EAGER_BYTES:
             sock.sendall(_REQUEST.pack(EAGER, len(header)) + header)
             sock.sendall(payload)
-            try:
-                self._answer(sock, give_up, stall_s)
-            except Refused:
-                self.close()  # the receiver closes it after a refusal
-                raise
+            self.owed_until = give_up
+            if not answer_later:
+                self.settle(stall_s)
             return
         sock.sendall(_REQUEST.pack(MAGIC, len(header)) + header)
         self._answer(sock, give_up, stall_s)
@@ -290,6 +299,20 @@ class Link:
             self._wait(sock, give_up, stall_s)
             sock.sendall(payload[start : start + SLICE_BYTES])
         self._answer(sock, give_up, stall_s)
+
+    def settle(self, stall_s: float) -> None:
+        """Read the answer to the eager value sent last, if not read yet: Refused (and the
+        link closed, as the receiver closes it) or OSError as `send` would fail."""
+        give_up, self.owed_until = self.owed_until, None
+        if give_up is None:
+            return
+        if self.sock is None:
+            raise ConnectionAbortedError("the link was closed before its answer came")
+        try:
+            self._answer(self.sock, give_up, stall_s)
+        except Refused:
+            self.close()
+            raise
 
     def _connect(self, give_up: float, stall_s: float, context: ssl.SSLContext | None) -> None:
         family, kind, proto, _, address = socket.getaddrinfo(

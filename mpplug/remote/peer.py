@@ -6,6 +6,11 @@ into that party's Mailbox; the driver never relays values. A send whose
 connection fails is tried again on a new one until its deadline. Sends in flight for an
 execution are cancelled when it is aborted, so a dead peer does not hold the party until the
 send's deadline.
+
+A small value over a bulk connection is sent ahead: the execution goes on while it travels,
+and its answer is read before the execution's next value to that peer (which reuses the
+connection) or at `settle`, which a party calls before it reports an execution done. A value
+refused is reported then, under its own key; one whose connection failed is sent again.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -25,7 +31,7 @@ from mpplug.core.validate import MAX_REGION_DEPTH
 from mpplug.errors import ExecutionAborted, PartyUnavailableError, WireError
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import service_pb2_grpc as rpc_pb
-from mpplug.remote.bulk import Admitted, DeadlinePassed, Link, Links, Refused
+from mpplug.remote.bulk import EAGER_BYTES, Admitted, DeadlinePassed, Link, Links, Refused
 from mpplug.remote.channels import keepalive_for, open_channel
 from mpplug.remote.limits import Slots, StreamWatch
 from mpplug.remote.rpc import (
@@ -85,6 +91,18 @@ RETRY_MAX_S = 1.0
 RETRY_MAX_S between tries, until its deadline."""
 
 
+@dataclass
+class _Kept:
+    """A bulk link an execution keeps to one peer, and the value last sent ahead on it whose
+    answer is not read yet (kept to send again), if any."""
+
+    link: Link
+    key: Key | None = None
+    header: pb.PeerHeader | None = None
+    array: Any = None
+    give_up: float = 0.0
+
+
 class PeerCommunicator(Communicator):
     """Sends through each peer's PeerService (channels opened on first use, then reused);
     receives from the local mailbox that this party's PeerServicer fills."""
@@ -111,8 +129,13 @@ class PeerCommunicator(Communicator):
         self._sending: dict[str, set[_Cancellable]] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._cond = threading.Condition()
+        self._kept: dict[str, dict[int, list[_Kept]]] = {}
+        """The bulk links each execution keeps to each peer for its small values."""
 
     def send(self, key: Key, value: Any) -> None:
+        """Deliver `value` to party `key.dst`; a small one over a bulk link returns once
+        written (`settle` waits for its answer)."""
+        kept = self._take_kept(key.exec_id, key.dst)
         value_type, array = codec.encode(value)
         header = pb.PeerHeader(
             exec_id=key.exec_id,
@@ -122,8 +145,118 @@ class PeerCommunicator(Communicator):
             type=value_type,
             scope=key.scope,
         )
-        bulk = self._links.reaches(key.dst)
         give_up = time.monotonic() + transfer_deadline(self.timeout, array.nbytes)
+        small = fits_one_chunk(array.nbytes) and array.nbytes <= EAGER_BYTES
+        if small and self._links.reaches(key.dst):
+            kept = kept or self._new_kept(key.dst)
+            if kept is not None and self._sent_ahead(kept, key, header, array, give_up):
+                self._put_kept(key.exec_id, key.dst, kept)
+                return
+        elif kept is not None:
+            self._put_kept(key.exec_id, key.dst, kept)
+        self._deliver(key, header, array, give_up)
+
+    def settle(self, exec_id: str) -> None:
+        """Wait for the answers to the values `exec_id` sent ahead; raise as `send` would."""
+        with self._cond:
+            held = self._kept.pop(exec_id, {})
+        left = [(dst, kept) for dst, kepts in held.items() for kept in kepts]
+        try:
+            while left:
+                dst, kept = left.pop()
+                settled = self._settle(exec_id, dst, kept)
+                if settled is not None:
+                    self._put_kept(exec_id, dst, settled)
+        finally:
+            for dst, kept in left:  # `finish` lets them go
+                self._put_kept(exec_id, dst, kept)
+
+    def _take_kept(self, exec_id: str, dst: int) -> _Kept | None:
+        """A link the execution keeps to `dst`, for this thread alone, its answer read."""
+        with self._cond:
+            kepts = self._kept.get(exec_id, {}).get(dst)
+            if not kepts:
+                return None
+            kept = kepts.pop()
+        return self._settle(exec_id, dst, kept)
+
+    def _put_kept(self, exec_id: str, dst: int, kept: _Kept) -> None:
+        with self._cond:
+            self._kept.setdefault(exec_id, {}).setdefault(dst, []).append(kept)
+
+    def _new_kept(self, dst: int) -> _Kept | None:
+        link = self._links.take_small(dst)
+        return _Kept(link) if link is not None else None
+
+    def _let_go(self, kept: _Kept, dst: int) -> None:
+        """Give a kept link back to the idle ones (closed if an answer on it is unread)."""
+        if kept.key is None and kept.link.sock is not None:
+            self._links.give_back(kept.link)
+        else:
+            kept.link.close()
+        self._links.release_small(dst)
+
+    def _sent_ahead(
+        self, kept: _Kept, key: Key, header: pb.PeerHeader, array: Any, give_up: float
+    ) -> bool:
+        """Write a small value on `kept` without waiting for its answer; False if the write
+        failed before the value went (the caller sends it as usual)."""
+        link = kept.link
+        try:
+            self._track(key, link)
+        except ExecutionAborted:
+            self._let_go(kept, key.dst)
+            raise
+        try:
+            link.send(
+                header.SerializeToString(),
+                as_bytes_view(array),
+                give_up,
+                self.timeout,
+                self._links.context,
+                answer_later=True,
+            )
+        except BaseException as exc:
+            self._untrack(key.exec_id, link)
+            link.close()
+            self._let_go(kept, key.dst)
+            if link.cancelled or key.exec_id in self._cancelled:
+                raise self._aborted(key) from None
+            if isinstance(exc, (OSError, ssl.SSLError)):
+                return False
+            raise
+        kept.key, kept.header, kept.array, kept.give_up = key, header, array, give_up
+        return True
+
+    def _settle(self, exec_id: str, dst: int, kept: _Kept) -> _Kept | None:
+        """Read the answer to the value sent ahead on `kept`, if any: `kept` once it is taken;
+        a refusal raises as `send` would; a failed connection sends the value again (None)."""
+        key, header, array, give_up = kept.key, kept.header, kept.array, kept.give_up
+        if key is None or header is None:
+            return kept
+        kept.key = kept.header = kept.array = None
+        refused: Refused | None = None
+        try:
+            kept.link.settle(self.timeout)
+            return kept
+        except Refused as exc:
+            refused = exc
+        except (OSError, ssl.SSLError):
+            kept.link.close()
+        finally:
+            self._untrack(exec_id, kept.link)
+        self._let_go(kept, dst)
+        if kept.link.cancelled or exec_id in self._cancelled:
+            raise self._aborted(key)
+        if refused is not None and refused.code not in _RETRIED:
+            peer = self._spec.parties[dst].name
+            raise WireError(f"party {peer} refused value {key}: {refused}")
+        self._deliver(key, header, array, give_up)
+        return None
+
+    def _deliver(self, key: Key, header: pb.PeerHeader, array: Any, give_up: float) -> None:
+        """Send and wait for the answer, trying again on a new connection until `give_up`."""
+        bulk = self._links.reaches(key.dst)
         pause = RETRY_FIRST_S
         while True:
             try:
@@ -230,11 +363,16 @@ class PeerCommunicator(Communicator):
             call.cancel()
 
     def finish(self, exec_id: str) -> None:
-        """`exec_id` has ended here: cancel any of its sends still in flight."""
+        """`exec_id` has ended here: cancel any of its sends still in flight, and give back
+        the links it kept (closing those with an answer unread)."""
         with self._cond:
             calls = self._sending.pop(exec_id, set())
+            held = self._kept.pop(exec_id, {})
         for call in calls:
             call.cancel()
+        for dst, kepts in held.items():
+            for kept in kepts:
+                self._let_go(kept, dst)
 
     def _track(self, key: Key, call: _Cancellable) -> None:
         with self._cond:
@@ -284,6 +422,11 @@ class PeerCommunicator(Communicator):
         return peer
 
     def close(self) -> None:
+        with self._cond:
+            held = [kept for kepts in self._kept.values() for ks in kepts.values() for kept in ks]
+            self._kept.clear()
+        for kept in held:
+            kept.link.close()
         self._links.close()
         with self._lock:
             for channel in self._channels.values():

@@ -360,7 +360,9 @@ class PartyServicer(rpc_pb.PartyServiceServicer):
         forget = on_end(on_call_done)
         self._mailbox.start(run_id)
         try:
-            return self._party.execute(digest, run_id, inputs, timeout, recorder)
+            outputs = self._party.execute(digest, run_id, inputs, timeout, recorder)
+            self._comm.settle(run_id)  # done once every value it sent is delivered
+            return outputs
         finally:
             finished.set()
             forget()
