@@ -2,7 +2,8 @@
 
 The plugin folder goes on sys.path so its kernels are found through entry points. Tests
 marked `slow` run first, so that pytest-xdist workers start the long ones while the short
-ones are left to fill in around them. Ports come from each worker's own block (`ports`).
+ones are left to fill in around them (pyproject's `--dist worksteal` lets an idle worker
+take short ones queued at a busy one). Ports come from each worker's own block (`ports`).
 The session starts by compiling mpplug's sources to bytecode, so the party and CLI processes
 the tests start read it even where PYTHONDONTWRITEBYTECODE keeps Python from writing it.
 """
