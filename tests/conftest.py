@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import compileall
 import contextlib
+import gc
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,15 @@ def pytest_configure(config: pytest.Config) -> None:
         root = Path(__file__).resolve().parent.parent
         for package in ("mpplug", "simulator"):
             compileall.compile_dir(root / package, quiet=1)
+
+
+def pytest_runtest_logfinish() -> None:
+    """What outlives a test (the caches of plans, traces and executables: millions of objects
+    by the end of a worker's session) is moved out of the collector's reach after it, so each
+    full collection scans only what later tests make, and the worker's exit does not scan it
+    all once more. Garbage is collected first, so only live objects are frozen."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
