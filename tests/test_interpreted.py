@@ -5,10 +5,12 @@ refusals of what it cannot run the same; and the tiers a party runs a program's 
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import threading
+import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -60,6 +62,31 @@ def _export(fn: Callable[..., Any], *args: np.ndarray) -> jax.export.Exported:
     with jax.enable_x64(True):
         specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
         return jax.export.export(jax.jit(fn), platforms=("cpu",))(*specs)
+
+
+def test_a_plans_weight_is_the_memory_it_holds():
+    """Plans are cached within a budget of bytes, so their weight must count their steps'
+    Python objects (closures, cells, slot tuples), not only their constants' arrays."""
+
+    def chain(x: jnp.ndarray, y: jnp.ndarray) -> jnp.ndarray:
+        for i in range(100):
+            x = jnp.where(x > y, x * 3 + i, (y ^ x) >> 1)
+        return x
+
+    words = np.arange(8, dtype=np.uint64)
+    module = _export(chain, words, words).mlir_module_serialized
+    interpreted.plan_serialized(module)  # the parser's own caches are not the plans'
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        plans = [interpreted.plan_serialized(module) for _ in range(10)]
+        gc.collect()
+        held = (tracemalloc.get_traced_memory()[0] - before) / len(plans)
+    finally:
+        tracemalloc.stop()
+    assert len(plans[0].steps) >= 500
+    assert 0.75 * held <= plans[0].weight <= 1.5 * held, (plans[0].weight, held)
 
 
 def _same_as_xla(fn: Callable[..., Any], *args: np.ndarray) -> None:
