@@ -15,8 +15,9 @@ Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held b
   then all the program's SHUFFLE ops (with seal, key setup, reveal, and those that move
   nothing, e.g. seal's converge and reveal's own-pair step). The mpc.run part is
   found by tagging: SHUFFLEs fed by a CALL whose PFunction `rounds.record_rounds` named "mpc.*".
-  A SHUFFLE in a loop's body (`mp.fori_loop`) counts once per iteration, and the loop's depth
-  is its body's times its trip count.
+  A SHUFFLE in a loop's body counts once per iteration, and the loop's depth is its body's
+  times its trip count: an `mp.fori_loop`'s from its bounds, another loop's (a sort's
+  levels, which depend on the data's random order) from one profiled evaluation.
 - bytes/party: for each moving route of those SHUFFLEs, the op's output nbytes, charged to the
   sender; mean and max over the 3 parties. Seal, key setup and reveal are excluded, as SPU's
   link counters exclude input sharing and output reconstruction.
@@ -298,17 +299,34 @@ class Comm:
     total_bytes_sent: dict[int, int] = field(default_factory=dict)
 
 
-def comm_stats(graph: Any, parties: int) -> Comm:
-    """Rounds and bytes of a compiled program's Graph (see the module docstring)."""
+def comm_stats(graph: Any, parties: int, runs: dict[int, int] | None = None) -> Comm:
+    """Rounds and bytes of a compiled program's Graph (see the module docstring); `runs`:
+    the trip counts of its top-level loops in one evaluation (`loop_trips`), for loops that
+    are not `mp.fori_loop`s."""
     comm = Comm(
         bytes_sent=dict.fromkeys(range(parties), 0),
         total_bytes_sent=dict.fromkeys(range(parties), 0),
     )
-    comm.depth = _block_stats(graph, graph, comm, 1, {})
+    comm.depth = _block_stats(graph, graph, comm, 1, {}, runs or {})
     return comm
 
 
-def _block_stats(graph: Any, block: Any, comm: Comm, times: int, start: dict[Any, int]) -> int:
+def loop_trips(sim: Any, once: Callable[[], Any]) -> dict[int, int]:
+    """How many iterations each top-level loop of the evaluation `once()` makes runs at party
+    0, by loop op id (its body's ops run in scope (loop, 1, iteration))."""
+    with sim.profile() as timeline:
+        once()
+    seen: dict[int, set[int]] = {}
+    for span in timeline.spans:
+        scope = span.args.get("scope", ())
+        if span.party == 0 and span.category == "op" and len(scope) >= 3 and scope[1] == 1:
+            seen.setdefault(scope[0], set()).add(scope[2])
+    return {loop: len(iterations) for loop, iterations in seen.items()}
+
+
+def _block_stats(
+    graph: Any, block: Any, comm: Comm, times: int, start: dict[Any, int], runs: dict[int, int]
+) -> int:
     """Adds `block`'s SHUFFLEs, run `times` times, to `comm`; returns its depth, counted from
     `start` (the depth of each of its inputs, by the op that makes it)."""
     depth: dict[int, int] = {}
@@ -319,9 +337,9 @@ def _block_stats(graph: Any, block: Any, comm: Comm, times: int, start: dict[Any
             deepest = start.get(op.input_index, 0)
         depth[op.id] = deepest
         if op.kind is OpKind.WHILE:
-            trips = _trips(graph, block, op)
             body = op.regions[1]
-            inner = _block_stats(graph, body, comm, times * trips, {})
+            trips = _trips(graph, block, op, runs)
+            inner = _block_stats(graph, body, comm, times * trips, {}, runs)
             depth[op.id] = deepest + inner * trips
             continue
         if op.kind is not OpKind.SHUFFLE:
@@ -345,8 +363,9 @@ def _block_stats(graph: Any, block: Any, comm: Comm, times: int, start: dict[Any
     return max(depth.values(), default=0)
 
 
-def _trips(graph: Any, block: Any, loop: Any) -> int:
-    """The trip count of an `mp.fori_loop`: its constant start and its counter's stop."""
+def _trips(graph: Any, block: Any, loop: Any, runs: dict[int, int]) -> int:
+    """The trip count of an `mp.fori_loop` (its constant start and its counter's stop), or
+    of another top-level loop (a sort's levels) as `runs` counted it."""
     ops = {o.id: o for o in block.ops}
     first = ops.get(loop.inputs[0].op)
     stops = [
@@ -355,7 +374,11 @@ def _trips(graph: Any, block: Any, loop: Any) -> int:
         if o.kind is OpKind.CALL and graph.functions[o.function].fn_type == COUNTER
     ]
     if first is None or first.kind is not OpKind.CALL or len(stops) != 1:
-        raise ValueError(f"bench.mpc counts only mp.fori_loop loops, got {loop.label}")
+        if block is not graph or loop.id not in runs:
+            raise ValueError(
+                f"bench.mpc counts other loops only at the top level, got {loop.label}"
+            )
+        return runs[loop.id]
     pfunc = graph.functions[first.function]
     if pfunc.fn_type != CONSTANT:
         raise ValueError(f"bench.mpc counts only loops with a constant start, got {loop.label}")
@@ -382,7 +405,7 @@ class Result:
 def run_workload(sim: Any, w: Workload, truncations: tuple[str, ...]) -> list[Result]:
     """One Result per truncation; the timed calls of the truncations take turns."""
     handles = [sim.put(i % 3, a) for i, a in enumerate(w.args)]
-    calls, firsts = {}, {}
+    calls, firsts, runs = {}, {}, {}
     outputs: dict[str, list[Any]] = {t: [] for t in truncations}
     for truncation in truncations:
         prog = program(w.fn, len(w.args), truncation)
@@ -398,6 +421,7 @@ def run_workload(sim: Any, w: Workload, truncations: tuple[str, ...]) -> list[Re
         once()
         firsts[truncation] = (trace, time.perf_counter() - start, compiled)
         calls[truncation] = once
+        runs[truncation] = loop_trips(sim, once)
     walls: dict[str, list[float]] = {t: [] for t in truncations}
     for _ in range(WARMUP):
         for once in calls.values():
@@ -416,7 +440,7 @@ def run_workload(sim: Any, w: Workload, truncations: tuple[str, ...]) -> list[Re
                 first,
                 statistics.median(walls[truncation]),
                 walls[truncation],
-                comm_stats(compiled.graph, sim.world_size),
+                comm_stats(compiled.graph, sim.world_size, runs[truncation]),
                 statistics.median(error(w.metric, got, w.ref) for got in outputs[truncation]),
                 w.metric,
             )

@@ -11,6 +11,8 @@ for truncations by at most 32 bits, else 64), as rounds and bits sent by roles (
   mul or dot_general then precise trunc       3 rounds, (w + k, w + k, k + w): fused
   trunc, probabilistic (ABY3 truncation I)    1 round, (0, k, 0)
   msb (sign; carry-save + Kogge-Stone)        8 rounds, about 264 bits
+  shuffle (a secret permutation)              2 rounds, (k, k, 2k)
+  open a bit to every role                    1 round, 1 bit from each role
   b2a of one bit (two XORs as products)       2 rounds, 2k bits
 Threat model: one semi-honest corrupted party learns nothing (its view is uniform given its
 input and output); two colluding parties learn everything. See docs/mpc.md.
@@ -348,18 +350,26 @@ class ABY3(Protocol):
         z = z ^ self._zero_bits(ctx, z.shape, dtype)
         return self._reshare(ctx, z, "and.reshare").astype(ring.RING)
 
-    def msb(self, ctx: Context, a: Shares) -> Shares:
-        x0, x1, x2 = (self.lift_slot(ctx, a, j) for j in range(3))
+    def msb(self, ctx: Context, a: Shares, width: int = 64, carry: Shares | None = None) -> Shares:
+        wide = width == 64
+        mask = _u64((1 << width) - 1)
+        x0, x1, x2 = (
+            self.lift_slot(ctx, a, j) if wide else self.lift_slot(ctx, a, j) & mask
+            for j in range(3)
+        )
         s = x0 ^ x1 ^ x2
-        carry = self.and_(ctx, x0 ^ x2, x1 ^ x2) ^ x2  # majority: the carry-save adder's carries
-        c = carry << np.uint64(1)
-        top = ((s ^ c) >> np.uint64(63)) & np.uint64(1)
-        # Carry into bit 63 of s + c: the group generate of bits 0..62, by Kogge-Stone
-        # reduction; bit 63 gets (generate 0, propagate 1) so the group over 64 bits is it.
-        high = _u64(1 << 63)
-        g = self.and_(ctx, s, c) & ~high
+        # majority: the carry-save adder's carries
+        majority = self.and_(ctx, x0 ^ x2, x1 ^ x2, width) ^ x2
+        c = majority << np.uint64(1) if wide else (majority << np.uint64(1)) & mask
+        if carry is not None:  # bit 0 of c is free: the carry in, whose generate is s0 & c0
+            c = c | (carry & np.uint64(1))
+        top = ((s ^ c) >> np.uint64(width - 1)) & np.uint64(1)
+        # Carry into the top bit of s + c: the group generate of the bits below it, by
+        # Kogge-Stone reduction; the top bit gets (generate 0, propagate 1) so the group over
+        # all `width` bits is it.
+        high = _u64(1 << (width - 1))
+        g = self.and_(ctx, s, c, width) & ~high
         p = self.xor_public(ctx, (s ^ c) & ~high, high)
-        width = 64
         while width > 1:
             half = width // 2
             g_lo, g_hi = _compress_even(g, width), _compress_even(g >> np.uint64(1), width)
@@ -372,6 +382,55 @@ class ABY3(Protocol):
             p = (both >> np.uint64(half)) & lane
             width = half
         return (top ^ g) & np.uint64(1)
+
+    def shuffle(self, ctx: Context, a: Shares, blocks: int) -> Shares:
+        # Three permutations, each known to two roles: pa to roles 2 and 0 (key k0), pb to 0
+        # and 1 (k1), pc to 1 and 2 (k2); every role misses one, so their composition is
+        # uniform to it. x = (x0 + x1) + x2 is two-out-of-two between roles 0 and 2; both
+        # apply pa. Role 2 hands its part, masked by m1 (k0), to role 1; roles 0 and 1 apply
+        # pb; role 0 hands its part, masked by m2 (k1), to role 2 (both in round 1); roles 1
+        # and 2 apply pc and reshare to three parts z0 (k0), z1 (k1), z2 (round 2).
+        shape = a.shape[1:]
+        size = shape[-1] // blocks
+
+        def permutation(owner: int) -> jnp.ndarray:
+            words = self._pair_random(ctx, (blocks, size), owner)
+            offsets = (jnp.arange(blocks, dtype=jnp.int32) * size)[:, None]
+            return (jnp.argsort(words, axis=-1).astype(jnp.int32) + offsets).reshape(-1)
+
+        def apply(x: jnp.ndarray, order: jnp.ndarray) -> jnp.ndarray:
+            return jnp.take(x, order, axis=-1)
+
+        pa, pb, pc = permutation(0), permutation(1), permutation(2)
+        m1 = self._pair_random(ctx, shape, owner_role=0)
+        m2 = self._pair_random(ctx, shape, owner_role=1)
+        first = apply(a[0] + a[1], pa) - m1  # role 0's part, and role 2's (a[0] = x2) masked
+        handed = jnp.where(ctx.role == 0, apply(first, pb) - m2, apply(a[0], pa) + m1)
+        got = exchange(handed, (0, 2, 0), "shuffle")  # role 1 gets role 2's, role 2 role 0's
+        part = apply(jnp.where(ctx.role == 1, apply(got, pb) + m2, got), pc)
+        z0 = self._pair_random(ctx, shape, owner_role=0)
+        z1 = self._pair_random(ctx, shape, owner_role=1)
+        out = part - jnp.where(ctx.role == 1, z1, z0)
+        z2 = out + exchange(out, (0, 2, 1), "shuffle.reshare")
+        return jnp.stack(
+            [
+                jnp.where(ctx.role == 0, z0, jnp.where(ctx.role == 1, z1, z2)),
+                jnp.where(ctx.role == 0, z1, jnp.where(ctx.role == 1, z2, z0)),
+            ]
+        )
+
+    def open_bits(self, ctx: Context, bits: Shares) -> jnp.ndarray:
+        # role i holds bits i and i+1 and gets bit i+2 from role i+1, 64 to a word
+        shape = bits.shape[1:]
+        size = math.prod(shape)
+        lanes = jnp.arange(64, dtype=ring.RING)
+        words = -(-size // 64)
+        mine = jnp.pad((bits[1] & np.uint64(1)).reshape(-1), (0, words * 64 - size))
+        packed = jnp.sum(mine.reshape(words, 64) << lanes, axis=1, dtype=ring.RING)
+        got = exchange(packed, _FROM_NEXT, "open")
+        third = ((got[:, None] >> lanes) & np.uint64(1)).reshape(-1)[:size]
+        value = ((bits[0] ^ bits[1]).reshape(-1) ^ third) & np.uint64(1)
+        return value.reshape(shape).astype(jnp.bool_)
 
     def low_bits(self, ctx: Context, a: Shares, width: int) -> Shares:
         # The carry-save adder of the three shares' low bits, then a Kogge-Stone adder over

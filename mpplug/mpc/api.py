@@ -57,9 +57,9 @@ class _ProgramState:
     stream: int = 0
     """The next PRF stream number."""
 
-    def next_stream(self) -> int:
-        self.stream += 1
-        return self.stream - 1
+    def next_stream(self, count: int = 1) -> int:
+        self.stream += count
+        return self.stream - count
 
 
 _states: weakref.WeakKeyDictionary[GraphBuilder, _ProgramState] = weakref.WeakKeyDictionary()

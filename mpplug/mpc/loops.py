@@ -23,11 +23,8 @@ from jax.extend.core import ClosedJaxpr, JaxprEqn
 from mpplug.errors import TraceError
 from mpplug.mpc.interpreter import Interpreter, Secret, Value
 from mpplug.mpc.protocol import Context
-from mpplug.mpc.rounds import Body, loop_p, record_rounds
-from mpplug.mpc.secret import is_narrow_int
-
-ITERATION = jax.ShapeDtypeStruct((), np.int32)
-
+from mpplug.mpc.rounds import ITERATION, Body, loop_p, record_rounds
+from mpplug.mpc.secret import is_narrow_int, traced_as
 
 Kind = bool | None
 """How a carried value travels: None public, False arithmetic shares, True boolean shares."""
@@ -107,8 +104,7 @@ class _Scan:
             self.kinds, self.wides = wanted, wides
         else:
             raise TraceError(f"{it.where}: a loop's carried values do not settle on one kind")
-        for _ in range(self.length * streams - 1):  # the streams every iteration draws
-            it.ctx.next_stream()
+        it.ctx.next_stream(max(0, self.length * streams - 1))  # what every iteration draws
         avals = [
             ITERATION,
             *(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars[1:]),
@@ -147,9 +143,9 @@ class _Scan:
         wanted = list(self.kinds)
         wides = list(self.wides)
 
-        def next_stream() -> int:
-            count[0] += 1
-            return count[0] - 1
+        def next_stream(many: int = 1) -> int:
+            count[0] += many
+            return count[0] - many
 
         def program(t: Any, role: Any, keys: Any, *flat: Any) -> list[Any]:
             ctx = Context(role, keys, it.ctx.frac_bits, next_stream, it.ctx.truncation)
@@ -181,7 +177,7 @@ class _Scan:
             for k, value in enumerate(new[: self.n_carry]):
                 wides[k] = wides[k] or _wide(value)
             return [
-                _traced_as(role, self._to_kind(inner, value, wanted[k], slot))
+                traced_as(role, self._to_kind(inner, value, wanted[k], slot))
                 for k, (value, slot) in enumerate(zip(new, self.slots, strict=True))
             ]
 
@@ -243,8 +239,8 @@ class _Scan:
         else:
             value = jnp.zeros(slot.shape, slot.dtype)
             if self.kinds[k] is not None:  # zero words share zero in either kind
-                return _traced_as(it.ctx.role, jnp.zeros(self._slot_aval(k, slot).shape, np.uint64))
-        return _traced_as(it.ctx.role, self._to_kind(it, value, self.kinds[k], slot))
+                return traced_as(it.ctx.role, jnp.zeros(self._slot_aval(k, slot).shape, np.uint64))
+        return traced_as(it.ctx.role, self._to_kind(it, value, self.kinds[k], slot))
 
 
 def _wide(value: Value) -> bool:
@@ -254,13 +250,6 @@ def _wide(value: Value) -> bool:
 def _traced(value: Value) -> bool:
     flat = value.shares if isinstance(value, Secret) else value
     return isinstance(flat, jax.core.Tracer)
-
-
-def _traced_as(role: Any, value: Any) -> Any:
-    """`value` as a value of the share program being traced (a constant becomes an equation
-    XLA folds away), so that it can be a loop's operand or a share program's output."""
-    value = jnp.asarray(value)
-    return jnp.where(role < 0, value, value)
 
 
 def _row(it: Interpreter, x: Value, index: Any) -> Value:

@@ -26,12 +26,13 @@ Shares = jnp.ndarray
 class Context:
     """What a share program knows while it is traced: this party's role, its PRF keys,
     the fixed-point precision, the truncation protocol (`TRUNCATIONS`) and a counter that
-    gives every random stream its own name."""
+    gives every random stream its own name (`next_stream(count)` reserves `count` numbers in a
+    row and returns the first)."""
 
     role: jnp.ndarray
     keys: jnp.ndarray
     frac_bits: int
-    next_stream: Callable[[], int]
+    next_stream: Callable[..., int]
     truncation: str = "precise"
 
 
@@ -120,8 +121,18 @@ class Protocol(ABC):
         """Bitwise AND of boolean shares whose values fit in `bits` bits (one round)."""
 
     @abstractmethod
-    def msb(self, ctx: Context, a: Shares) -> Shares:
-        """Boolean shares (bit 0) of the top bit of arithmetic shares: the sign."""
+    def msb(self, ctx: Context, a: Shares, width: int = 64, carry: Shares | None = None) -> Shares:
+        """Boolean shares (bit 0) of bit `width` - 1 (a power of two) of a + `carry` (boolean
+        shares of a bit, or None) modulo 2^width: the sign of a width-bit value."""
+
+    @abstractmethod
+    def shuffle(self, ctx: Context, a: Shares, blocks: int) -> Shares:
+        """Fresh shares of `a` with its last axis permuted by a uniformly random permutation
+        that no party learns, each of `blocks` equal runs of that axis within itself."""
+
+    @abstractmethod
+    def open_bits(self, ctx: Context, bits: Shares) -> jnp.ndarray:
+        """Boolean shares (bit 0) opened to every computing party: a public bool array."""
 
     @abstractmethod
     def low_bits(self, ctx: Context, a: Shares, width: int) -> Shares:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from mpplug.core import PFunction
-from mpplug.frontend.control import fori_loop
+from mpplug.frontend.control import fori_loop, while_loop
 from mpplug.frontend.primitives import run_pfunc, shuffle_static
 from mpplug.frontend.tracer import TracedValue
 
@@ -44,7 +44,10 @@ class Shuffle:
 @dataclass(frozen=True)
 class Loop:
     """Run `bodies[body]` `length` times, on (iteration, *`invariants`, *carry) with the carry
-    starting at `carry` and replaced by the body's outputs; it makes the final carry."""
+    starting at `carry` and replaced by the body's outputs; it makes the final carry.
+
+    `length` -1 (`WHILE`): run it while the carry's second value (a bool[], the same at every
+    role) is true; its first value (an int32[]) is the next iteration."""
 
     body: int
     invariants: tuple[int, ...]
@@ -53,6 +56,9 @@ class Loop:
 
 
 Step = Call | Shuffle | Loop
+
+WHILE = -1
+"""A `Loop`'s length when the body itself says whether to go on."""
 
 
 def _results(step: Step) -> int:
@@ -130,10 +136,21 @@ class Recording:
         body = self.bodies[step.body]
         invariants = [values[i] for i in step.invariants]
 
+        start = [values[i] for i in step.carry]
+        if step.length == WHILE:
+
+            def again(carry: list[TracedValue]) -> TracedValue:
+                return carry[1]
+
+            def level(carry: list[TracedValue]) -> list[TracedValue]:
+                return body.replay([carry[0], *invariants, *carry], parties)
+
+            return list(while_loop(again, level, start))
+
         def iterate(i: TracedValue, carry: list[TracedValue]) -> list[TracedValue]:
             return body.replay([i, *invariants, *carry], parties)
 
-        return list(fori_loop(0, step.length, iterate, [values[i] for i in step.carry]))
+        return list(fori_loop(0, step.length, iterate, start))
 
     def to_bytes(self) -> bytes:
         header = {
@@ -204,6 +221,8 @@ class Recording:
                 body = self.bodies[step.body]
                 if body.n_inputs != 1 + len(reads) or len(body.outputs) != len(step.carry):
                     raise ValueError("a recorded loop does not match its body")
+                if step.length < WHILE or (step.length == WHILE and len(step.carry) < 2):
+                    raise ValueError("a recorded loop has no valid length")
             made += _results(step)
         metas = len(self.metas) in (0, len(self.outputs))  # a loop's body has none
         if any(not 0 <= i < made for i in self.outputs) or not metas:

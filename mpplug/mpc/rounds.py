@@ -58,6 +58,10 @@ def exchange(x: jnp.ndarray, sources: Sequence[int], tag: str) -> jnp.ndarray:
     return exchange_p.bind(x, sources=tuple(sources), tag=tag)
 
 
+ITERATION = jax.ShapeDtypeStruct((), np.int32)
+"""A loop body's first input: which iteration it runs."""
+
+
 @dataclass(frozen=True, eq=False)
 class Body:
     """A loop's body, recorded: inputs (iteration, *invariants, *carry), outputs the carry."""
@@ -68,7 +72,9 @@ class Body:
 
 loop_p = Primitive("mpc_loop")
 """`loop(*invariants, *carry, body=Body, length=n, out=avals)`: the carry after `n` runs of
-`body` (made by `loops`); it stands between two rounds of a share program, as a message."""
+`body` (made by `loops`), or with n = `recording.WHILE` after the runs until the body's
+second output is false (made by `quicksort`); it stands between two rounds of a share
+program, as a message."""
 loop_p.multiple_results = True
 
 

@@ -54,3 +54,10 @@ def broadcast_shares(shares: Shares, shape: Sequence[int]) -> Shares:
     value_shape = shares.shape[1:]
     padded = (1,) * (len(shape) - len(value_shape)) + tuple(value_shape)
     return jnp.broadcast_to(shares.reshape(shares.shape[0], *padded), (shares.shape[0], *shape))
+
+
+def traced_as(role: Any, value: Any) -> Any:
+    """`value` as a value of the share program being traced (a constant becomes an equation
+    XLA folds away), so that it can be a loop's operand or a share program's output."""
+    value = jnp.asarray(value)
+    return jnp.where(role < 0, value, value)

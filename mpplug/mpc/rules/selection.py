@@ -6,8 +6,12 @@
 each one comparison and one selection (11 rounds per level); ties keep the lower index, as
 numpy does.
 
-`sort` (one or several operands, any number of keys; `jnp.sort`, `argsort`, `lexsort`,
-`median`, `quantile`) and `top_k`: Batcher's odd-even merge sorting network (Batcher,
+`sort` of one secret key of at most 32 bits over at least `quicksort.SMALLEST` elements: a
+secret shuffle, then a quicksort whose comparisons are opened (see `mpplug.mpc.quicksort`).
+
+Other sorts (several keys, 64-bit keys, short ones, or inside a loop's body, where the share
+program holds no loop of its own; `jnp.sort`, `argsort`, `lexsort`, `median`, `quantile`) and
+`top_k`: Batcher's odd-even merge sorting network (Batcher,
 "Sorting networks and their applications", AFIPS 1968), data-oblivious as SPU's and CrypTen's
 sorting networks are, over exactly n elements: the network for m = 2^ceil(log2 n) with every
 comparator that reaches past n dropped (no padding: each comparator sends the smaller value to
@@ -30,6 +34,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import JaxprEqn
 
+from mpplug.mpc import quicksort
 from mpplug.mpc.protocol import Shares
 from mpplug.mpc.rules import rule
 from mpplug.mpc.rules.comparison import below_arith
@@ -118,9 +123,13 @@ def _cumulative(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> Secret
 
 
 @rule("sort")
-def _sort(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value]:
+def _sort(self: Interpreter, eqn: JaxprEqn, values: list[Value]) -> list[Value] | Value:
     params = eqn.params
-    network = _network(len(values), int(params["num_keys"]), int(params["dimension"]))
+    num_keys, dimension = int(params["num_keys"]), int(params["dimension"])
+    if quicksort.applies(self, values, num_keys, dimension):
+        outs = quicksort.sort(self, values, dimension)
+        return outs if eqn.primitive.multiple_results else outs[0]
+    network = _network(len(values), num_keys, dimension)
     return _eval_as(self, network, eqn, values)
 
 
