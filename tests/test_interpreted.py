@@ -233,6 +233,39 @@ def test_gathers_reductions_and_products_as_xla() -> None:
     _same_as_xla(lambda p, q: (p @ q, p.sum(axis=1)), whole_a, whole_b)
 
 
+def test_integer_sorts_and_vector_scatters_as_xla() -> None:
+    """Stable sorts by one integer key (equal keys in their order, either direction, with
+    payloads), and updates put at indices of a vector (out-of-range ones dropped)."""
+    ties = RNG.integers(-3, 3, (4, 50)).astype(np.int32)
+    words = _edges(np.uint64, 64).reshape(4, 16)
+    _same_as_xla(
+        lambda t, w: (
+            jnp.argsort(t, axis=1),
+            jnp.argsort(t, axis=0),
+            jnp.argsort(w, axis=-1),
+            jnp.sort(w, axis=0),
+            jnp.argsort(t, axis=1, descending=True),
+            lax.sort((t, -t, t * 3), num_keys=1),
+        ),
+        ties,
+        words,
+    )
+    order = RNG.permutation(40).astype(np.int32)
+    values = _edges(np.int64, 40)
+    _same_as_xla(lambda i, v: jnp.zeros(40, jnp.int64).at[i].set(v), order, values)
+    spilling = np.concatenate([order[:30], [-50, 40, 99]]).astype(np.int32)
+    _same_as_xla(
+        lambda i, v: jnp.ones(40, jnp.int64).at[i].set(v, mode="drop"), spilling, values[:33]
+    )
+    twice = _export(lambda i, v: jnp.zeros(40, jnp.int64).at[i].set(v), order, values)
+    plan = interpreted.plan_serialized(twice.mlir_module_serialized)
+    with pytest.raises(interpreted.NotExact, match="two updates to one index"):
+        interpreted.call(plan, [np.zeros(40, np.int32), values])
+    unstable = _export(lambda t: lax.sort(t, is_stable=False), ties)
+    with pytest.raises(interpreted.Unsupported, match="unstable"):
+        interpreted.plan_serialized(unstable.mlir_module_serialized)
+
+
 @pytest.mark.parametrize(
     "form",
     [

@@ -612,7 +612,7 @@ def _dynamic_update_slice(block: _Block, op: ir.Operation) -> Fn:
 
 @_handles("concatenate")
 def _concatenate(block: _Block, op: ir.Operation) -> Fn:
-    axis = ir.IntegerAttr(op.attributes["dimension"]).value
+    axis = ir.IntegerAttr(op.attributes["dimension"]).value if "dimension" in op.attributes else -1
     return lambda *xs: np.concatenate(xs, axis=axis)
 
 
@@ -758,6 +758,82 @@ def _reduce(block: _Block, op: ir.Operation) -> Fn:
         return ufunc(ufunc.reduce(x, axis=axes), init).astype(dtype)
 
     return reduce
+
+
+@_handles("sort")
+def _sort(block: _Block, op: ir.Operation) -> Fn:
+    """A stable sort by one integer key, ascending or descending (the comparator one LT or GT
+    of the first operand's two elements, as `jnp.sort` and `jnp.argsort` write it): numpy's
+    stable argsort puts equal keys in XLA's order, first come first."""
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    args = list(body.arguments)
+    if "is_stable" not in op.attributes or not ir.BoolAttr(op.attributes["is_stable"]).value:
+        raise Unsupported("an unstable sort (its order of equal keys is XLA's own)")
+    if (
+        len(ops) != 2
+        or ops[0].name != "stablehlo.compare"
+        or list(ops[0].operands) != args[:2]
+        or list(ops[1].operands) != list(ops[0].results)
+    ):
+        raise Unsupported("a sort whose comparator is not one comparison of the first operand")
+    direction = hlo.ComparisonDirectionAttr(ops[0].attributes["comparison_direction"]).value
+    _, key = _tensor(op.operands[0])
+    kind = "NOTYPE"
+    if "compare_type" in ops[0].attributes:
+        kind = hlo.ComparisonTypeAttr(ops[0].attributes["compare_type"]).value
+    signed = {"i": "SIGNED", "u": "UNSIGNED"}.get(key.kind)
+    if direction not in ("LT", "GT") or signed is None or kind not in (signed, "NOTYPE"):
+        raise Unsupported(f"a sort by {direction} ({kind}) on {key}")
+    axis = ir.IntegerAttr(op.attributes["dimension"]).value if "dimension" in op.attributes else -1
+    descending = direction == "GT"
+
+    def sort(*operands: Array) -> Array | tuple[Array, ...]:
+        keys = np.asarray(operands[0])
+        # ~k reverses the order of signed and of unsigned integers alike, one to one
+        order = np.argsort(~keys if descending else keys, axis=axis, kind="stable")
+        out = tuple(np.take_along_axis(np.asarray(o), order, axis=axis) for o in operands)
+        return out if len(out) > 1 else out[0]
+
+    return sort
+
+
+@_handles("scatter")
+def _scatter(block: _Block, op: ir.Operation) -> Fn:
+    """A scatter that puts each update at one index of a vector (`x.at[i].set(u)` with x
+    1-D): out-of-range indices are dropped, as XLA drops them. XLA leaves the winner of two
+    updates at one index open, so such a call raises `NotExact` and the caller compiles."""
+    if len(op.operands) != 3:
+        raise Unsupported("a scatter of several operands")
+    numbers = hlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    (operand_shape, _), (index_shape, _) = _tensor(op.operands[0]), _tensor(op.operands[1])
+    if (
+        len(operand_shape) != 1
+        or len(index_shape) != 2
+        or index_shape[1] != 1
+        or list(numbers.update_window_dims)
+        or list(numbers.inserted_window_dims) != [0]
+        or list(numbers.scattered_dims_to_operand_dims) != [0]
+        or numbers.index_vector_dim != 1
+        or list(numbers.input_batching_dims)
+        or len(ops) != 1
+        or list(ops[0].operands) != [body.arguments[1]]
+    ):
+        raise Unsupported("a scatter other than updates put at indices of a vector")
+
+    def scatter(x: Array, indices: Array, updates: Array) -> Array:
+        out = np.array(x)
+        at = np.asarray(indices)[:, 0].astype(np.int64)
+        inside = (at >= 0) & (at < out.shape[0])
+        at = at[inside]
+        if np.unique(at).size != at.size:
+            raise NotExact("a scatter of two updates to one index")
+        out[at] = np.asarray(updates)[inside]
+        return out
+
+    return scatter
 
 
 @_handles("gather")

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from mpplug.mpc import ring
 from mpplug.mpc.protocol import Context, Protocol, Shares
@@ -160,7 +159,7 @@ def _ends(starts: jnp.ndarray) -> jnp.ndarray:
     index = jnp.arange(size, dtype=jnp.int32)
     marks = jnp.where(starts == index, index, size)
     following = jnp.concatenate([marks[1:], jnp.full((1,), size, jnp.int32)])
-    return lax.cummin(following, reverse=True)
+    return _scan(following, jnp.minimum, size, reverse=True)
 
 
 def _split(starts: jnp.ndarray, bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -170,7 +169,7 @@ def _split(starts: jnp.ndarray, bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.nda
     size = starts.shape[0]
     index = jnp.arange(size, dtype=jnp.int32)
     b = bits.astype(jnp.int32)
-    prefix = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(b, dtype=jnp.int32)])
+    prefix = _scan(jnp.concatenate([jnp.zeros((1,), jnp.int32), b]), jnp.add, 0)
     at_start = prefix[starts]
     below = prefix[_ends(starts)] - at_start  # elements before the pivot in the segment
     earlier = prefix[:-1] - at_start  # set bits before this position in its segment
@@ -181,3 +180,16 @@ def _split(starts: jnp.ndarray, bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.nda
     segment = jnp.where(pivot, starts + below, jnp.where(b == 1, starts, after))
     order = jnp.zeros(size, jnp.int32).at[destination].set(index)
     return order, segment[order]
+
+
+def _scan(x: jnp.ndarray, combine: Any, fill: int, reverse: bool = False) -> jnp.ndarray:
+    """Inclusive prefix `combine` of a vector (suffix with `reverse`), by Hillis and Steele's
+    log2(n) shifted steps: slices and elementwise ops, which a first, interpreted run runs
+    (`lax.cumsum` and its kin are windowed reductions it would have to compile)."""
+    size, step = x.shape[0], 1
+    while step < size:
+        pad = jnp.full((step,), fill, x.dtype)
+        shifted = jnp.concatenate([x[step:], pad]) if reverse else jnp.concatenate([pad, x[:-step]])
+        x = combine(x, shifted)
+        step *= 2
+    return x
