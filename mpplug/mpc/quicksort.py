@@ -80,6 +80,7 @@ def sort(it: Interpreter, values: list[Value], dimension: int) -> list[Secret]:
         traced_as(ctx.role, jnp.int32(0)),
         traced_as(ctx.role, jnp.bool_(True)),
         traced_as(ctx.role, starts),
+        traced_as(ctx.role, starts + n),
         shuffled,
     ]
     levels = _Levels(protocol, ctx, n, size)
@@ -136,9 +137,12 @@ class _Levels:
         self.ctx.next_stream(max(0, self.n * streams - 1))
         return record_rounds(closed, avals, platforms, iteration=(0, streams) if streams else None)
 
-    def level(self, ctx: Context, t: Any, going: Any, starts: Any, state: Shares) -> list[Any]:
+    def level(
+        self, ctx: Context, t: Any, going: Any, starts: Any, ends: Any, state: Shares
+    ) -> list[Any]:
         """Compare each element with its segment's pivot, open the bits, split the segments:
-        (t, whether to go on, segment starts, shares) -> the same after this level."""
+        (t, whether to go on, where each position's segment starts and ends, shares) -> the
+        same after this level."""
         protocol = self.protocol
         pivots = jnp.take(state[:, :2], starts, axis=-1)
         keys, labels = state[:, 0] - pivots[:, 0], state[:, 1] - pivots[:, 1]
@@ -147,39 +151,31 @@ class _Levels:
         # sign of (k_e - k_p) - [l_e < l_p] = sign of (k_e - k_p - 1) + (1 - [l_e < l_p])
         before = protocol.msb(ctx, keys - one, carry=protocol.xor_public(ctx, earlier, 1))
         bits = protocol.open_bits(ctx, before)
-        order, new_starts = _split(starts, bits)
-        ends = _ends(new_starts)
-        more = jnp.any(ends - new_starts > 1) & (t + 1 < self.n)
-        return [t + 1, more, new_starts, jnp.take(state, order, axis=-1)]
+        order, new_starts, new_ends = _split(starts, ends, bits)
+        more = jnp.any(new_ends - new_starts > 1) & (t + 1 < self.n)
+        return [t + 1, more, new_starts, new_ends, jnp.take(state, order, axis=-1)]
 
 
-def _ends(starts: jnp.ndarray) -> jnp.ndarray:
-    """Where each position's segment ends (exclusive), from where each one starts."""
-    size = starts.shape[0]
-    index = jnp.arange(size, dtype=jnp.int32)
-    marks = jnp.where(starts == index, index, size)
-    following = jnp.concatenate([marks[1:], jnp.full((1,), size, jnp.int32)])
-    return _scan(following, jnp.minimum, size, reverse=True)
-
-
-def _split(starts: jnp.ndarray, bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+def _split(
+    starts: jnp.ndarray, ends: jnp.ndarray, bits: jnp.ndarray
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Each segment [s, e) reordered as (elements whose bit is set, its pivot at s, the rest),
-    each part in its order: (the old position of each new one, the new segment starts). A
-    pivot's bit is never set (it is not before itself)."""
+    each part in its order: (the old position of each new one, where each new position's
+    segment starts and ends). A pivot's bit is never set (it is not before itself)."""
     size = starts.shape[0]
     index = jnp.arange(size, dtype=jnp.int32)
     b = bits.astype(jnp.int32)
     prefix = _scan(jnp.concatenate([jnp.zeros((1,), jnp.int32), b]), jnp.add, 0)
     at_start = prefix[starts]
-    below = prefix[_ends(starts)] - at_start  # elements before the pivot in the segment
+    middle = starts + prefix[ends] - at_start  # where the pivot goes
     earlier = prefix[:-1] - at_start  # set bits before this position in its segment
     pivot = index == starts
-    after = starts + below + 1
-    later = after + (index - starts - 1 - earlier)  # after the pivot, in order
-    destination = jnp.where(pivot, starts + below, jnp.where(b == 1, starts + earlier, later))
-    segment = jnp.where(pivot, starts + below, jnp.where(b == 1, starts, after))
+    later = middle + 1 + (index - starts - 1 - earlier)  # after the pivot, in order
+    destination = jnp.where(pivot, middle, jnp.where(b == 1, starts + earlier, later))
+    start = jnp.where(pivot, middle, jnp.where(b == 1, starts, middle + 1))
+    end = jnp.where(pivot, middle + 1, jnp.where(b == 1, middle, ends))
     order = jnp.zeros(size, jnp.int32).at[destination].set(index)
-    return order, segment[order]
+    return order, start[order], end[order]
 
 
 def _scan(x: jnp.ndarray, combine: Any, fill: int, reverse: bool = False) -> jnp.ndarray:
