@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from mpplug.mpc import quicksort
 from mpplug.mpc.recording import WHILE, Loop, Recording
 
 from .mpc_views import RecordingSimulator
+from .test_mpc_selection import assert_as_jax
 
 N = 600
 rng = np.random.default_rng(23)
@@ -70,15 +70,7 @@ def test_long_sorts_compute_what_jax_computes_on_every_cluster(make_cluster):
     # one loop per sort of a secret key: the sorts ran as quicksorts, not as networks
     assert while_loops(cluster.compile(sorts, *handles).graph) == 9
     got = cluster.fetch(cluster.evaluate(sorts, *handles), party=0)
-    want = computations(X, K, M)
-    for name in want:
-        for g, w in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name]), strict=True):
-            g, w = np.asarray(g), np.asarray(w)
-            assert g.shape == w.shape and g.dtype == w.dtype, name
-            if np.issubdtype(w.dtype, np.floating):
-                np.testing.assert_allclose(g, w, atol=2e-5, err_msg=name)
-            else:
-                np.testing.assert_array_equal(g, w, err_msg=name)
+    assert_as_jax(got, computations(X, K, M), atol=2e-5)
 
 
 def test_a_short_sort_and_one_inside_a_loop_body_run_the_network():

@@ -71,14 +71,19 @@ def test_sorting_secret_branches_and_secret_indices_compute_what_jax_computes():
     with mp.Simulator(3) as sim:
         handles = [sim.put(n % 3, v) for n, v in enumerate((X, K, T, IDX, J))]
         got = sim.fetch(sim.evaluate(program, *handles), party=0)
-    want = computations(X, K, T, IDX, J)
+    assert_as_jax(got, computations(X, K, T, IDX, J), atol=1e-5)
+
+
+def assert_as_jax(got: dict[str, Any], want: dict[str, Any], atol: float) -> None:
+    """Each named result as JAX computed it: its shape and dtype, reals within `atol`, the
+    rest exactly."""
     assert set(got) == set(want)
     for name in want:
         for g, w in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name]), strict=True):
             g, w = np.asarray(g), np.asarray(w)
             assert g.shape == w.shape and g.dtype == w.dtype, name
             if np.issubdtype(w.dtype, np.floating):
-                np.testing.assert_allclose(g, w, atol=1e-5, err_msg=name)
+                np.testing.assert_allclose(g, w, atol=atol, err_msg=name)
             else:
                 np.testing.assert_array_equal(g, w, err_msg=name)
 
