@@ -36,6 +36,7 @@ from mpplug.mpc import ring
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.recording import WHILE
 from mpplug.mpc.rounds import ITERATION, Body, loop_p, record_rounds
+from mpplug.mpc.rules.comparison import full_range
 from mpplug.mpc.secret import Secret, Value, traced_as
 
 if TYPE_CHECKING:
@@ -48,16 +49,16 @@ SMALLEST = 512
 
 def applies(it: Interpreter, values: list[Value], num_keys: int, dimension: int) -> bool:
     """Whether `lax.sort(values, dimension, num_keys)` runs as a shuffled quicksort here: one
-    secret key of at most 32 bits (64-bit ones take the network's overflow-safe comparison),
-    a long enough axis, and a share program that can hold a loop (not a loop's body)."""
+    secret key that is not a 64-bit integer (those take the network's overflow-safe
+    comparison), a long enough axis, and a share program that can hold a loop (not a loop's
+    body)."""
     key = values[0]
     return (
         it.loops is not None
         and num_keys == 1
         and isinstance(key, Secret)
-        and np.dtype(key.dtype).itemsize <= 4
-        and key.shape[dimension] >= SMALLEST
-        and key.shape[dimension] < 2**31
+        and not full_range(key.dtype)
+        and SMALLEST <= key.shape[dimension] < 2**31
     )
 
 

@@ -6,8 +6,8 @@
 each one comparison and one selection (11 rounds per level); ties keep the lower index, as
 numpy does.
 
-`sort` of one secret key of at most 32 bits over at least `quicksort.SMALLEST` elements: a
-secret shuffle, then a quicksort whose comparisons are opened (see `mpplug.mpc.quicksort`).
+`sort` of one secret key (not a 64-bit integer) over at least `quicksort.SMALLEST` elements:
+a secret shuffle, then a quicksort whose comparisons are opened (see `mpplug.mpc.quicksort`).
 
 Other sorts (several keys, 64-bit keys, short ones, or inside a loop's body, where the share
 program holds no loop of its own; `jnp.sort`, `argsort`, `lexsort`, `median`, `quantile`) and
