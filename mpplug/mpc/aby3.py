@@ -361,15 +361,18 @@ class ABY3(Protocol):
         # majority: the carry-save adder's carries
         majority = self.and_(ctx, x0 ^ x2, x1 ^ x2, width) ^ x2
         c = majority << np.uint64(1) if wide else (majority << np.uint64(1)) & mask
-        if carry is not None:  # bit 0 of c is free: the carry in, whose generate is s0 & c0
-            c = c | (carry & np.uint64(1))
         top = ((s ^ c) >> np.uint64(width - 1)) & np.uint64(1)
         # Carry into the top bit of s + c: the group generate of the bits below it, by
         # Kogge-Stone reduction; the top bit gets (generate 0, propagate 1) so the group over
-        # all `width` bits is it.
-        high = _u64(1 << (width - 1))
-        g = self.and_(ctx, s, c, width) & ~high
-        p = self.xor_public(ctx, (s ^ c) & ~high, high)
+        # all `width` bits is it. A carry in enters at bit 0 (c's bit 0 is 0, so bit 0 alone
+        # generates s0 & carry): bit 0 also gets propagate 1, the reduction gives the group
+        # (G, P) of bits 1..width-2, and the carry is G ^ (P & s0 & carry), two 1-bit ANDs
+        # that run beside the reduction instead of a reduction after the carry is known.
+        ends = _u64((1 << (width - 1)) | (0 if carry is None else 1))
+        g = self.and_(ctx, s, c, width) & ~_u64(1 << (width - 1))
+        p = self.xor_public(ctx, (s ^ c) & ~ends, ends)
+        if carry is not None:
+            first = self.and_(ctx, s & np.uint64(1), carry & np.uint64(1), bits=1)
         while width > 1:
             half = width // 2
             g_lo, g_hi = _compress_even(g, width), _compress_even(g >> np.uint64(1), width)
@@ -381,6 +384,8 @@ class ABY3(Protocol):
             g = g_hi ^ (both & lane)
             p = (both >> np.uint64(half)) & lane
             width = half
+        if carry is not None:
+            g = g ^ self.and_(ctx, p & np.uint64(1), first, bits=1)
         return (top ^ g) & np.uint64(1)
 
     def shuffle(self, ctx: Context, a: Shares, blocks: int) -> Shares:

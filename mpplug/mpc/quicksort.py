@@ -8,7 +8,8 @@ opened, as they depend on that random order alone, provided no two elements comp
 Each element carries a label, its position before the shuffle (secret after it), and sorts by
 (key, label): no ties, so nothing about equal keys shows, and equal keys keep their order.
 e before p is the sign of (k_e - k_p) - [l_e < l_p]: the labels' comparison (a narrow adder
-over the labels' width) is the carry into one 64-bit adder, no costlier than the sign alone.
+over the labels' width, beside the key's) is the carry into the key's 64-bit adder, joined
+to it by two 1-bit ANDs.
 
 Each level compares every element with the first element of its segment (the pivot), opens
 the bits, and splits every segment into (before, pivot, after) by public index arithmetic
@@ -16,11 +17,12 @@ that moves the shares locally. A level is one iteration of a share program `whil
 runs until every segment holds one element: about 4.3 ln n levels (a random binary search
 tree's height: 45 for n = 1e5), never more than n.
 
-Cost per element and level: the 64-bit sign (8 rounds, 33 bytes a party), the labels' sign
-before it (6 rounds, 17 bytes a party for labels past 2^15, 9 below) and the opened bit (1
-round). The shuffle: 2 rounds and 10.7 bytes a party per element and operand (key, label and
-each payload). The parties learn the number of levels and the opened bits: a function of the
-random order alone (simulated by sorting a random permutation).
+Cost per element and level: the 64-bit sign (33 bytes a party), the labels' sign beside it
+(17 bytes a party for labels past 2^15, 9 below), the carry joined (2 bytes) and the opened
+bit: 10 rounds deep (the sign's 8, the join, the opening). The shuffle: 2 rounds and 10.7
+bytes a party per element and operand (key, label and each payload). The parties learn the
+number of levels and the opened bits: a function of the random order alone (simulated by
+sorting a random permutation).
 """
 
 from __future__ import annotations
