@@ -22,7 +22,9 @@ Cost per element and level: the 64-bit sign (33 bytes a party), the labels' sign
 bit: 10 rounds deep (the sign's 8, the join, the opening). The shuffle: 2 rounds and 10.7
 bytes a party per element and operand (key, label and each payload). The parties learn the
 number of levels and the opened bits: a function of the random order alone (simulated by
-sorting a random permutation).
+sorting a random permutation). Threat model: ABY3's (`mpplug.mpc.aby3`), semi-honest with
+one corrupted party; the shuffle's permutation is unknown to any one party, each missing one
+of its three factors, and two colluding parties learn it, as they learn every share.
 """
 
 from __future__ import annotations
