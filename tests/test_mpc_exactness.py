@@ -10,7 +10,9 @@
 - exp over its whole input range [-16, 16] on a million inputs stays within its bound.
 - Comparisons, max/min, sign and equality on int64 and uint64 are exact over the whole range.
 - `seal` refuses, at the owner, reals fixed point cannot hold (NaN, infinities, |v| >= 2^44),
-  with a typed error naming the value and the range.
+  with a typed error naming the value and the range, wherever the value is read: by a run
+  whose function reads it, by `reveal`, as a program's output, as a branch's result. A
+  function that does not read it (`jnp.imag`, `jnp.isreal`) computes what JAX computes.
 """
 
 from __future__ import annotations
@@ -227,6 +229,45 @@ def test_seal_refuses_reals_fixed_point_cannot_hold(bad: float, shown: str):
     assert "frac_bits=18 holds |v| < 2^44" in error.message
     assert f"got {shown}" in error.message and "at index (2,)" in error.message
     assert "17592186044416" not in error.message  # a finite value is not shown
+
+
+OUT_OF_RANGE = np.array([[1.0, np.inf, -np.inf], [2.0, np.nan, 2.0**50]], np.float32)
+
+
+@pytest.mark.parametrize("fn", [jnp.imag, jnp.iscomplex, jnp.isreal, jnp.isrealobj])
+def test_reals_a_function_does_not_read_may_be_out_of_range(fn: Any):
+    @mp.function
+    def program(v: Any) -> Any:
+        return mp.mpc.reveal(mp.mpc.run(fn, mp.mpc.seal(v)), to=0)
+
+    with mp.Simulator(3, timeout=TIMEOUT) as sim:
+        got = sim.fetch(sim.evaluate(program, sim.put(2, OUT_OF_RANGE)), party=0)
+    want = np.asarray(fn(OUT_OF_RANGE))
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def _branch_sealed(v: Any) -> Any:
+    flag = mp.run_jax(lambda x: x.size > 0, v)
+    sealed = mp.cond(mp.bcast(2, flag), lambda a: mp.mpc.seal(a), lambda a: mp.mpc.seal(a), v)
+    return mp.mpc.reveal(mp.mpc.run(jnp.isreal, sealed), to=0)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda v: mp.mpc.reveal(mp.mpc.run(lambda a: a[0, 0] + 1, mp.mpc.seal(v)), to=0),
+        lambda v: mp.mpc.reveal(mp.mpc.seal(v), to=0),
+        lambda v: mp.mpc.seal(v),
+        _branch_sealed,
+    ],
+    ids=["read-by-run", "revealed", "returned", "left-its-branch"],
+)
+def test_reals_out_of_range_fail_where_they_are_read(program: Any):
+    with mp.Simulator(3, timeout=TIMEOUT) as sim, pytest.raises(PartyError) as caught:
+        sim.fetch(sim.evaluate(mp.function(program), sim.put(2, OUT_OF_RANGE)))
+    error = caught.value
+    assert error.party == 2 and error.error_type == "FixedPointRangeError"
+    assert "got inf at index (0, 1) (4 of 6 elements outside)" in error.message
 
 
 def test_seal_accepts_reals_just_inside_the_range():

@@ -50,6 +50,7 @@ def _trace_region(
     params = [region.param(v) for v in operands]
     with tracing(region):
         result = fn(*rebuild(params))
+        jax.tree.leaves(result)  # a pytree that adds ops as it leaves (mp.mpc.Sealed): here
     return region, result
 
 

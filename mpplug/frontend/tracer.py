@@ -580,7 +580,8 @@ def trace(
     with tracing(builder):
         call_args, call_kwargs = jax.tree.unflatten(in_tree, traced_leaves)
         result = raw(*call_args, **call_kwargs)
-    paths_leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
+        # flattened inside: a pytree that adds ops as it leaves (mp.mpc.Sealed) adds them here
+        paths_leaves, out_tree = jax.tree_util.tree_flatten_with_path(result)
     outputs: list[TracedValue] = []
     template: list[Any] = []
     for path, leaf in paths_leaves:

@@ -14,8 +14,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.interpreters import partial_eval as pe  # dce_jaxpr: which inputs a jaxpr reads
 
-from mpplug.core import TensorType
+from mpplug.core import PFunction, TensorType
 from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import format_parties
 from mpplug.errors import TraceError
@@ -118,12 +119,13 @@ def seal(
 ) -> Any:
     """Secret-share `x` (a pytree of values each held by one party) among `parties`.
 
-    Floats are encoded in fixed point with `frac_bits` fraction bits, after their owner checks
+    Floats are encoded in fixed point with `frac_bits` fraction bits; their owner checks
     that every element is finite with |v| < 2^(62 - frac_bits) (`FixedPointRangeError`
-    otherwise); ints and bools stay integers. `truncation` picks how products are rescaled:
-    "precise" (off by at most one unit in the last place) or "probabilistic" (cheaper, and
-    rarely wrong by a lot; see docs/mpc.md). The holder may be inside or outside the
-    computing set.
+    otherwise) where the value is read (`Sealed.checked`), and shares an element out of range
+    as 0, which nothing reads then. Ints and bools stay integers. `truncation` picks how
+    products are rescaled: "precise" (off by at most one unit in the last place) or
+    "probabilistic" (cheaper, and rarely wrong by a lot; see docs/mpc.md). The holder may be
+    inside or outside the computing set.
     """
     builder = current_builder("mpc.seal")
     where = "mp.mpc.seal"
@@ -160,15 +162,17 @@ def seal(
             )
         (owner,) = value.parties
         dtype = value.dtype.numpy
+        range_check = None
+        encode = _encoder(dtype, frac_bits)
         if is_float(dtype):
             label = (
                 f"{at} ({value.type} from {format_parties(value.parties)}; fixed point with "
                 f"frac_bits={frac_bits} holds |v| < 2^{RANGE_BITS - frac_bits})"
             )
             limit = fixed_point_limit(frac_bits)
-            check = check_range_pfunction(value.type, limit, label)
-            (value,) = run_pfunc(check, value, parties=[owner])
-        shares = proto.share(value, owner, ranks, _encoder(dtype, frac_bits))
+            range_check = _range_check(check_range_pfunction(value.type, limit, label), value)
+            encode = _within(encode, limit)
+        shares = proto.share(value, owner, ranks, encode)
         sealed.append(
             Sealed(
                 shares,
@@ -178,9 +182,39 @@ def seal(
                 frac_bits=frac_bits,
                 protocol=proto.name,
                 truncation=truncation,
+                range_check=range_check,
             )
         )
     return jax.tree.unflatten(tree, sealed)
+
+
+def _within(encode: Callable[[Any], Any], limit: float) -> Callable[[Any], Any]:
+    """`encode` with reals fixed point cannot hold taken as 0: a computation that reads them
+    fails on the owner's range check first."""
+    return lambda v: encode(jnp.where(jnp.abs(v) < limit, v, 0))
+
+
+def _range_check(check: PFunction, value: TracedValue) -> Callable[[], None]:
+    """Emit `check` of the owner's `value` into the program or region being traced, once
+    each, where that is the seal's own or one inside it. Elsewhere the sealed value is
+    leaving the seal's region (flattened as its output), which checked it as it left, or is
+    outside any program, where nothing computes on it."""
+    home = current_builder("mpc.seal")
+    done: weakref.WeakSet[GraphBuilder] = weakref.WeakSet()
+
+    def emit() -> None:
+        try:
+            builder = current_builder("mpc")
+        except TraceError:
+            return
+        inside: GraphBuilder | None = builder
+        while inside is not None and inside is not home:
+            inside = inside.parent
+        if inside is home and builder not in done:
+            done.add(builder)
+            run_pfunc(check, value, parties=sorted(value.parties))
+
+    return emit
 
 
 def _x64_needed(dtypes: Sequence[Any]) -> bool:
@@ -248,6 +282,10 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     x64 = _x64_needed([s.dtype for s in specs])
     with jax.enable_x64(x64 or bool(jax.config.read("jax_enable_x64"))):
         closed = jax.make_jaxpr(flat_fn)(*specs)
+    _, read = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    for i, is_read in zip(dynamic, read, strict=True):
+        if is_read and isinstance(leaves[i], Sealed):
+            leaves[i].checked()
     state = _state(builder)
     context = state.contexts.get(parties)
     if context is None:
@@ -377,7 +415,7 @@ def reveal(x: Any, to: int | str | Sequence[int | str] | None = None) -> Any:
     for i, leaf in enumerate(leaves):
         if not isinstance(leaf, Sealed):
             raise TraceError(f"{where}: leaf {i} is {type(leaf).__name__}, not a sealed value")
-        shares = builder.value(leaf.shares, f"{where} leaf {i}")
+        shares = builder.value(leaf.checked().shares, f"{where} leaf {i}")
         targets = leaf.parties if to is None else builder.resolve_parties(to, where)
         dtype, frac_bits, boolean = leaf.dtype, leaf.frac_bits, leaf.boolean
 

@@ -3,6 +3,7 @@ leaf is the party value holding every computing party's shares."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -29,6 +30,7 @@ class Sealed:
         "frac_bits",
         "parties",
         "protocol",
+        "range_check",
         "shape",
         "shares",
         "truncation",
@@ -47,8 +49,12 @@ class Sealed:
         protocol: str = "aby3",
         truncation: str = "precise",
         wide: bool = False,
+        range_check: Callable[[], None] | None = None,
     ) -> None:
         self.shares = shares
+        self.range_check = range_check
+        """Emits the owner's check that the sealed reals fit in fixed point into the program
+        being traced (`mp.mpc.seal`), where a computation reads them (see `checked`)."""
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.parties = tuple(parties)
@@ -70,8 +76,17 @@ class Sealed:
             self.wide,
         )
 
+    def checked(self) -> Sealed:
+        """Itself, once the owner's range check of its reals is in the program being traced:
+        `mp.mpc.run` calls it for the sealed values its function reads, `reveal` for every
+        one, and flattening for any that leaves `mp.mpc` (a program's output, a control-flow
+        operand), so no use of reals out of range escapes its `FixedPointRangeError`."""
+        if self.range_check is not None:
+            self.range_check()
+        return self
+
     def tree_flatten(self) -> tuple[tuple[MPObject], tuple[Any, ...]]:
-        return (self.shares,), self._meta()
+        return (self.checked().shares,), self._meta()
 
     @classmethod
     def tree_unflatten(cls, meta: tuple[Any, ...], children: Any) -> Sealed:
