@@ -38,7 +38,7 @@ import numpy as np
 
 from mpplug.mpc import ring
 from mpplug.mpc.protocol import Context, Protocol, Shares
-from mpplug.mpc.recording import WHILE
+from mpplug.mpc.recording import WHILE, Recording
 from mpplug.mpc.rounds import ITERATION, Body, loop_p, record_rounds
 from mpplug.mpc.rules.comparison import full_range
 from mpplug.mpc.secret import Secret, Value, traced_as
@@ -88,7 +88,7 @@ def sort(it: Interpreter, values: list[Value], dimension: int) -> list[Secret]:
         traced_as(ctx.role, starts + n),
         shuffled,
     ]
-    levels = _Levels(protocol, ctx, n, size)
+    levels = _Levels(protocol, ctx, n)
     recording = levels.record(it.loops.platforms, carry)
     outs = loop_p.bind(
         ctx.role,
@@ -111,12 +111,12 @@ def sort(it: Interpreter, values: list[Value], dimension: int) -> list[Secret]:
 class _Levels:
     """The body of the quicksort's loop: one level, as a share program of its own."""
 
-    def __init__(self, protocol: Protocol, ctx: Context, n: int, size: int) -> None:
-        self.protocol, self.ctx, self.n, self.size = protocol, ctx, n, size
+    def __init__(self, protocol: Protocol, ctx: Context, n: int) -> None:
+        self.protocol, self.ctx, self.n = protocol, ctx, n
         self.width = 8 if n <= 2**7 else 16 if n <= 2**15 else 32
         """Bits that hold the difference of two labels, with its sign."""
 
-    def record(self, platforms: Any, carry: list[Any]) -> Any:
+    def record(self, platforms: Any, carry: list[Any]) -> Recording:
         """Trace a level and split it into rounds; reserves the PRF streams of every level
         it may run (at most n), so no stream is drawn twice."""
         base = self.ctx.next_stream()
