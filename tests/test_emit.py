@@ -14,6 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax._src.interpreters import mlir as jax_mlir
+from jax.extend import mlir
+from jax.extend.mlir.dialects import stablehlo as hlo
 
 import mpplug as mp
 from mpplug.core import PFunction
@@ -467,3 +470,47 @@ def test_rounds_two_programs_share_are_written_once_and_are_the_same_function(
     assert counts == [len(first), len(second - first)] and len(second - first) <= 2, counts
     rounds = {p.fn_name for w in written for p in w if p.fn_name.startswith("mpc.")}
     assert "mpc.trunc.bits" in rounds and not any("lambda" in n for n in rounds), rounds
+
+
+def test_every_round_comes_back_unchanged_from_jaxs_writer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Rounds are written by StableHLO's own writer, with their constants where JAX's writer
+    would move them: JAX's writer (a party's module check) gives back the same bytes for
+    every round of a program of products, compares, reductions, dots and a convolution."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(emit, "_WRITTEN", LRUCache())  # none written by earlier tests
+    serialized = emit._serialized
+    modules: list[bytes] = []
+
+    def kept(text: str) -> bytes:
+        modules.append(serialized(text))
+        return modules[-1]
+
+    monkeypatch.setattr(emit, "_serialized", kept)
+
+    def model(w: Any, x: Any) -> Any:
+        image = lax.conv(x.reshape(1, 1, 4, 4), w[None, None, :3, :3], (1, 1), "VALID")
+        logits = jnp.dot(x, w) + 0.5
+        return jnp.max(jax.nn.relu(logits), axis=1), jnp.sum(image, axis=(2, 3)), x < 1.0
+
+    @mp.function
+    def secure(w: Any, x: Any) -> Any:
+        sw, sx = mp.mpc.seal(w, [0, 1, 2]), mp.mpc.seal(x, [0, 1, 2])
+        return mp.mpc.reveal(mp.mpc.run(model, sw, sx), to=0)
+
+    w = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+    x = np.linspace(-2, 2, 16, dtype=np.float32).reshape(4, 4)
+    with mp.Simulator(3) as sim:
+        got = sim.fetch(sim.evaluate(secure, sim.put(0, w), sim.put(1, x)), party=0)
+    want = model(w, x)
+    for g, e in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-3)
+    assert len(modules) > 10
+    version = emit._target_version()
+    with jax_mlir.make_ir_context() as context:
+        for module in modules:
+            parsed = hlo.deserialize_portable_artifact(context, module)
+            for with_sdy in (True, False):
+                again = mlir.serialize_portable_artifact(parsed, version, with_sdy)
+                assert bytes(again) == module
