@@ -275,7 +275,7 @@ def record_rounds(
                 eqns,
                 direct,
                 messages,
-                source,
+                {v: source[v] for v in needed if v in source},
                 consts,
                 keep,
                 [m for _, m in sends],
@@ -469,7 +469,7 @@ def _segment(
     eqns: list[JaxprEqn],
     direct: list[Any],
     messages: list[int],
-    source: dict[Var, tuple[int, int, int]],
+    received: dict[Var, tuple[int, int, int]],
     consts: dict[Var, Any],
     keep: list[Any],
     sends: list[_Message],
@@ -479,17 +479,17 @@ def _segment(
     """The local work of one round as a function of the calls `ops` makes (`LAX` or an
     `emit.Builder`): (held values, received vectors) -> (values kept for later rounds, one
     packed vector per message sent); `views` are the PRF streams it reads from the
-    keystream buffer."""
+    keystream buffer; `received` are the values it reads from `messages` (message, start,
+    size)."""
     slot = {m: i for i, m in enumerate(messages)}
 
     def segment(ops: Any, *args: Any) -> tuple[Any, ...]:
         env: dict[Any, Any] = dict(consts)
         env.update(zip(direct, args, strict=False))
         vectors = args[len(direct) :]
-        for v, (index, start, size) in source.items():
-            if index in slot:
-                piece = ops.slice_in_dim(vectors[slot[index]], start, start + size)
-                env[v] = ops.reshape(piece, _aval(v).shape)
+        for v, (index, start, size) in received.items():
+            piece = ops.slice_in_dim(vectors[slot[index]], start, start + size)
+            env[v] = ops.reshape(piece, _aval(v).shape)
         if randomness is not None:
             randomness.read(env, views, ops)
         for eqn in eqns:
