@@ -107,6 +107,7 @@ def test_integer_ops_wrap_and_shift_as_the_export(dtype: str) -> None:
             lax.rem(x, y | np.array(1, x.dtype)),
             lax.clamp(np.array(3, x.dtype), x, np.array(100, x.dtype)),
             x + np.array(7, x.dtype),
+            *((lax.abs(x), lax.sign(x)) if np.dtype(dtype).kind == "i" else ()),
         )
 
     _same_as_export(ops, x, y, shifts)
@@ -169,6 +170,10 @@ def test_float_rounding_and_arithmetic_as_the_export() -> None:
             jnp.ceil(y),
             x * x + x / (x - 1.5),
             -y,
+            lax.abs(x),
+            lax.sign(x),
+            lax.abs(y),
+            lax.sign(y),
         ),
         x,
         y,
@@ -301,6 +306,7 @@ def test_inner_jit_calls_are_inlined() -> None:
             "dot_general",
         ),
         (lambda x: x.astype(jnp.bfloat16), "element type bfloat16"),
+        (lambda x: lax.sign(x.astype(np.uint32)), "sign of uint32"),
     ],
 )
 def test_what_it_does_not_write_is_refused(fn: Callable[..., Any], why: str) -> None:

@@ -373,6 +373,13 @@ def _elementwise(kind: str) -> Rule:
     return rule
 
 
+def _sign(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    shape, dtype = _aval(eqn)
+    if np.issubdtype(dtype, np.unsignedinteger):  # JAX writes a select there
+        raise Unemittable(f"sign of {dtype}")
+    return [b.op("sign", ins, shape, dtype)]
+
+
 def _compare(direction: str) -> Rule:
     def rule(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
         shape, _ = _aval(eqn)
@@ -658,6 +665,7 @@ _RULES: dict[str, Rule] = {
             "xor": "xor",
             "not": "not",
             "neg": "negate",
+            "abs": "abs",
             "max": "maximum",
             "min": "minimum",
             "shift_left": "shift_left",
@@ -682,6 +690,7 @@ _RULES: dict[str, Rule] = {
         }.items()
     },
     "select_n": _select_n,
+    "sign": _sign,
     "convert_element_type": _convert,
     "bitcast_convert_type": lambda b, e, ins, env: [b.op("bitcast_convert", ins, *_aval(e))],
     "reshape": _reshape,
