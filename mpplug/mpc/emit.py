@@ -734,8 +734,8 @@ _contexts = threading.local()
 
 
 def _serialized(text: str) -> bytes:
-    """The module `text` as a portable artifact, in the bytes JAX's writer gives for it: a
-    party's module check writes them back unchanged.
+    """The module `text` as a portable artifact whose bytes JAX's writer gives back
+    unchanged (a party's module check parses and writes each module again).
 
     JAX's writer runs its legalization passes first (CHLO, MHLO, shapes), which change
     nothing in a module of StableHLO ops but hoist its constants to the top of `main` (see
