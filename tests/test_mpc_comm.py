@@ -246,3 +246,34 @@ def _revealed(fn: Any) -> Any:
         return mp.mpc.reveal(mp.mpc.run(fn, *mp.mpc.seal((x, y))), to=0)
 
     return program
+
+
+def test_the_dealing_round_hands_on_its_product_masks_to_no_later_round():
+    """The first round deals every truncation's masks (data-independent, so all of them
+    travel in the first message); a later round that uses a mask derives it again from the
+    keystream buffer. So the dealing round has as many outputs for twelve products as for
+    one (an executable with hundreds of outputs is slow to load), and the products are
+    right."""
+
+    def chain(k: int) -> Any:
+        def fn(a: Any, b: Any) -> Any:
+            for _ in range(k):
+                a = a * b * 0.5
+            return a
+
+        return fn
+
+    x, y = np.float32([1.5, -2.0, 3.0, 0.25]), np.float32([1.25, 0.75, -1.5, 2.0])
+    outputs, got = [], []
+    with mp.Simulator(3, timeout=TIMEOUT) as sim:
+        a, b = sim.put(0, x), sim.put(1, y)
+        for k in (1, 12):
+            program = _revealed(chain(k))
+            dealing = [
+                f for f in sim.compile(program, a, b).graph.functions if "dealer" in f.fn_name
+            ]
+            assert len(dealing) == 1, [f.fn_name for f in dealing]
+            outputs.append(len(dealing[0].outs_info))
+            got.append(sim.fetch(sim.evaluate(program, a, b), party=0))
+    assert outputs[0] == outputs[1] <= 4, outputs
+    np.testing.assert_allclose(got[1], chain(12)(x.astype(np.float64), y), rtol=1e-3, atol=1e-4)

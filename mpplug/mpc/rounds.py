@@ -233,25 +233,33 @@ def record_rounds(
         stepping = None if iteration is None else (jaxpr.invars[iteration[0]], iteration[1])
         randomness = _Randomness(randoms, plan, stepping)
     final = plan.rounds
+    derived = _stream_derived(plan.eqns, randomness)
+    remade = {*randomness.index, *derived} if randomness is not None else set()
     for level in range(final + 1):
         if randomness is not None and level == randomness.level:
             held[BUFFER] = randomness.record_draw(recording, types, held, consts, platforms)
         eqns = [e for e in local.get(level, []) if e.primitive is not prf_p]
         sends = [(i, m) for i, m in enumerate(plan.messages) if m.level == level]
-        defined = dict.fromkeys(v for e in eqns for v in e.outvars if _is_var(v))
-        reads = [v for e in eqns for v in e.invars]
-        reads += [e.invars[0] for _, m in sends for e in m.eqns]
-        keep: list[Any] = [v for v in defined if last_use.get(v, -1) > level]
-        entering = [
+        entering: list[Any] = [
             v for e in loops.get(level, []) for v in e.invars if _is_var(v) and v not in held
         ]
-        reads += entering
-        keep = list(dict.fromkeys(keep + entering))
         missing: list[Var] = []
         if level == final:
             missing = [v for v in jaxpr.outvars if _is_var(v) and v not in held]
-            reads += missing
-            keep = list(dict.fromkeys(keep + missing))
+        reads = [v for e in eqns for v in e.invars]
+        reads += [e.invars[0] for _, m in sends for e in m.eqns]
+        reads += entering + missing
+        made_here = {v for e in eqns for v in e.outvars}
+        again = [
+            v for v in reads if _is_var(v) and v in derived and v not in made_here and v not in held
+        ]
+        if again:  # remade from the keystream buffer, not received from an earlier round
+            chain = _made_by(derived, again, made_here)
+            eqns = chain + eqns
+            reads += [v for e in chain for v in e.invars]
+        defined = dict.fromkeys(v for e in eqns for v in e.outvars if _is_var(v))
+        keep: list[Any] = [v for v in defined if last_use.get(v, -1) > level]
+        keep = list(dict.fromkeys(keep + entering + missing))
         views: list[Var] = []
         if randomness is not None:
             views = [
@@ -260,7 +268,7 @@ def record_rounds(
                 if v in randomness.index
             ]
             kept = {*missing, *entering}
-            keep = [v for v in keep if v not in randomness.index or v in kept]
+            keep = [v for v in keep if v not in remade or v in kept]
         if eqns or sends or keep:
             needed: list[Any] = [
                 v for v in dict.fromkeys(r for r in reads if _is_var(r)) if v not in defined
@@ -307,6 +315,52 @@ def record_rounds(
             raise AssertionError(f"share program output {v} was not computed")
         recording.outputs.append(held[v])
     return recording
+
+
+NARROWING = frozenset(
+    {"bitcast_convert_type", "broadcast_in_dim", "convert_element_type", "expand_dims"}
+    | {"reshape", "slice", "squeeze"}
+)
+"""What turns PRF words into the randomness a protocol step uses (narrower words, its shape):
+cheap enough to do again in each round that reads the result."""
+
+
+def _stream_derived(eqns: list[JaxprEqn], randomness: _Randomness | None) -> dict[Var, JaxprEqn]:
+    """The values made from PRF streams by `NARROWING` alone, with the equation making each.
+    A round reading one makes it again from the keystream buffer instead of receiving it from
+    the round that made it first: a round that draws the dealer's masks of every product
+    would otherwise hand each of them on, and an executable with hundreds of outputs is
+    slow to load (MLP step: 520 outputs, a 4 MB executable, 0.63 s)."""
+    if randomness is None:
+        return {}
+    derived: dict[Var, JaxprEqn] = {}
+    for eqn in eqns:
+        ins = [v for v in eqn.invars if _is_var(v)]
+        if (
+            eqn.primitive.name in NARROWING
+            and ins
+            and all(v in randomness.index or v in derived for v in ins)
+        ):
+            derived.update((v, eqn) for v in eqn.outvars)
+    return derived
+
+
+def _made_by(derived: dict[Var, JaxprEqn], values: list[Var], made: set[Var]) -> list[JaxprEqn]:
+    """The equations of `derived` that make `values` (but none of `made`), in order."""
+    chain: dict[JaxprEqn, None] = {}
+
+    def visit(v: Var) -> None:
+        eqn = derived[v]
+        if eqn in chain or v in made:
+            return
+        for u in eqn.invars:
+            if _is_var(u) and u in derived:
+                visit(u)
+        chain[eqn] = None
+
+    for v in values:
+        visit(v)
+    return list(chain)
 
 
 BUFFER = "keystream"
