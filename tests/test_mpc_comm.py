@@ -277,3 +277,25 @@ def test_the_dealing_round_hands_on_its_product_masks_to_no_later_round():
             got.append(sim.fetch(sim.evaluate(program, a, b), party=0))
     assert outputs[0] == outputs[1] <= 4, outputs
     np.testing.assert_allclose(got[1], chain(12)(x.astype(np.float64), y), rtol=1e-3, atol=1e-4)
+
+
+def test_a_round_hands_on_its_small_values_in_one_vector_per_type():
+    """Ten products computed together and read rounds later leave their round as one vector
+    (per element type) that the later rounds slice, not as ten outputs, and come out right."""
+
+    def products(a: Any, b: Any) -> Any:
+        p = [a * (b + i) for i in range(10)]
+        q = [x * 0.5 for x in p]  # a round later, each p is read again below
+        return sum(x * y for x, y in zip(p, q, strict=True))
+
+    x, y = np.float32([1.5, -2.0, 0.25]), np.float32([0.5, 0.75, -1.0])
+    with mp.Simulator(3, timeout=TIMEOUT) as sim:
+        a, b = sim.put(0, x), sim.put(1, y)
+        program = _revealed(products)
+        graph = sim.compile(program, a, b).graph
+        got = sim.fetch(sim.evaluate(program, a, b), party=0)
+    rounds = [f for f in graph.functions if f.fn_name.startswith("mpc.")]
+    widest = max(rounds, key=lambda f: len(f.outs_info))
+    assert len(widest.outs_info) <= 6, (widest.fn_name, widest.outs_info)
+    want = sum(x * (y + i) * x * (y + i) * 0.5 for i in range(10))
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)

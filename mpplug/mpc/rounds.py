@@ -214,11 +214,13 @@ def record_rounds(
     recording = Recording(len(input_types))
     types: list[jax.ShapeDtypeStruct] = list(input_types)
     held: dict[Any, int] = dict(zip(jaxpr.invars, range(len(input_types)), strict=True))
-    source: dict[Var, tuple[int, int, int]] = {}  # exchange output -> (message, start, size)
+    # a value read from a vector: exchange output -> (message, start, size), or a value a
+    # round handed on packed -> (("kept", vector), start, size)
+    source: dict[Var, tuple[Any, int, int]] = {}
     for index, message in enumerate(plan.messages):
         for v, (start, size) in message.spans().items():
             source[v] = (index, start, size)
-    packed: dict[int, int] = {}
+    packed: dict[Any, int] = {}  # message or kept vector -> its value
     last_use = _last_use(plan, jaxpr)
     local: dict[int, list[JaxprEqn]] = defaultdict(list)
     loops: dict[int, list[JaxprEqn]] = defaultdict(list)
@@ -278,14 +280,17 @@ def record_rounds(
                 needed += [BUFFER, *([randomness.role] if randomness.role is not None else [])]
                 needed = list(dict.fromkeys(needed))
             direct = [v for v in needed if v in held]
-            messages = list(dict.fromkeys(source[v][0] for v in needed if v in source))
+            unpacked = {v: source[v] for v in needed if v in source and v not in held}
+            messages = list(dict.fromkeys(where[0] for where in unpacked.values()))
+            solo, packs = _packs(keep, {*missing, *entering})
             segment = _segment(
                 eqns,
                 direct,
                 messages,
-                {v: source[v] for v in needed if v in source},
+                unpacked,
                 consts,
-                keep,
+                solo,
+                packs,
                 [m for _, m in sends],
                 randomness,
                 views,
@@ -295,8 +300,16 @@ def record_rounds(
             pfunc = _round_function(segment, f"mpc.{tags}", [types[a] for a in args], platforms)
             results = recording.call(pfunc, args)
             types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in tensor_outs(pfunc)]
-            held.update(zip(keep, results, strict=False))
-            for (index, message), vector in zip(sends, results[len(keep) :], strict=True):
+            held.update(zip(solo, results, strict=False))
+            for group, vector in zip(packs, results[len(solo) :], strict=False):
+                packed["kept", vector] = vector
+                start = 0
+                for v in group:
+                    source[v] = (("kept", vector), start, _aval(v).size)
+                    start += _aval(v).size
+            for (index, message), vector in zip(
+                sends, results[len(solo) + len(packs) :], strict=True
+            ):
                 packed[index] = recording.shuffle(vector, message.sources)
                 types.append(types[vector])
         for eqn in loops.get(level, []):
@@ -315,6 +328,25 @@ def record_rounds(
             raise AssertionError(f"share program output {v} was not computed")
         recording.outputs.append(held[v])
     return recording
+
+
+PACKED_BYTES = 64 << 10
+"""Values a round hands on that are at most this big travel to later rounds in one vector
+per element type: fewer inputs and outputs to check and move per call (the MLP step's rounds
+had 8 inputs and 5 outputs each on average), at the cost of copying them once."""
+
+
+def _packs(keep: list[Any], alone: set[Any]) -> tuple[list[Any], list[list[Var]]]:
+    """The values of `keep` a round outputs alone (those of `alone`, the big ones, and any
+    that would be a vector's only value), and its groups of small values of one type."""
+    groups: dict[Any, list[Var]] = {}
+    for v in keep:
+        aval = _aval(v)
+        if v not in alone and aval.size * aval.dtype.itemsize <= PACKED_BYTES:
+            groups.setdefault(aval.dtype, []).append(v)
+    packs = [group for group in groups.values() if len(group) > 1]
+    grouped = {v for group in packs for v in group}
+    return [v for v in keep if v not in grouped], packs
 
 
 NARROWING = frozenset(
@@ -522,19 +554,20 @@ class LAX:
 def _segment(
     eqns: list[JaxprEqn],
     direct: list[Any],
-    messages: list[int],
-    received: dict[Var, tuple[int, int, int]],
+    messages: list[Any],
+    received: dict[Var, tuple[Any, int, int]],
     consts: dict[Var, Any],
     keep: list[Any],
+    packs: list[list[Var]],
     sends: list[_Message],
     randomness: _Randomness | None,
     views: list[Var],
 ) -> Any:
     """The local work of one round as a function of the calls `ops` makes (`LAX` or an
-    `emit.Builder`): (held values, received vectors) -> (values kept for later rounds, one
-    packed vector per message sent); `views` are the PRF streams it reads from the
-    keystream buffer; `received` are the values it reads from `messages` (message, start,
-    size)."""
+    `emit.Builder`): (held values, vectors) -> (values kept for later rounds, one vector per
+    group of `packs` kept for them, one vector per message sent); `views` are the PRF
+    streams it reads from the keystream buffer; `received` are the values it reads from
+    `messages` (received messages and kept vectors: message, start, size)."""
     slot = {m: i for i, m in enumerate(messages)}
 
     def segment(ops: Any, *args: Any) -> tuple[Any, ...]:
@@ -549,10 +582,11 @@ def _segment(
         for eqn in eqns:
             ops.bind(eqn, env)
         kept = [_read(env, v) for v in keep]
+        bundles = [ops.concatenate([ops.flat(_read(env, v)) for v in group], 0) for group in packs]
         out = [
             ops.concatenate([ops.flat(_read(env, e.invars[0])) for e in m.eqns], 0) for m in sends
         ]
-        return (*kept, *out)
+        return (*kept, *bundles, *out)
 
     return segment
 
