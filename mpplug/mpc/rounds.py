@@ -301,7 +301,8 @@ def record_rounds(
             results = recording.call(pfunc, args)
             types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in tensor_outs(pfunc)]
             held.update(zip(solo, results, strict=False))
-            for group, vector in zip(packs, results[len(solo) :], strict=False):
+            bundles = results[len(solo) : len(solo) + len(packs)]
+            for group, vector in zip(packs, bundles, strict=True):
                 packed["kept", vector] = vector
                 start = 0
                 for v in group:
@@ -581,11 +582,13 @@ def _segment(
             randomness.read(env, views, ops)
         for eqn in eqns:
             ops.bind(eqn, env)
+
+        def joined(values: list[Any]) -> Any:  # one flat vector of values of one type
+            return ops.concatenate([ops.flat(_read(env, v)) for v in values], 0)
+
         kept = [_read(env, v) for v in keep]
-        bundles = [ops.concatenate([ops.flat(_read(env, v)) for v in group], 0) for group in packs]
-        out = [
-            ops.concatenate([ops.flat(_read(env, e.invars[0])) for e in m.eqns], 0) for m in sends
-        ]
+        bundles = [joined(group) for group in packs]
+        out = [joined([e.invars[0] for e in m.eqns]) for m in sends]
         return (*kept, *bundles, *out)
 
     return segment
