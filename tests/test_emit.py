@@ -381,6 +381,38 @@ def test_a_picked_prf_key_is_row_0_at_its_role_and_row_1_elsewhere(pick: int) ->
         np.testing.assert_array_equal(_run(pfunc, [keys, np.int32(role)])[0], want)
 
 
+def test_an_emitted_artifact_declares_what_jax_export_declares() -> None:
+    """An emitted round's artifact carries the fields (trees, types, calling convention,
+    platforms, shardings, effects, kept inputs) that `jax.export` writes for the same function."""
+    spec = jax.ShapeDtypeStruct((4,), np.uint64)
+
+    def fn(a: Any, b: Any) -> Any:
+        return a * b, a - b
+
+    with jax.enable_x64(True):
+        pfunc = emit.jaxpr_function("fn", jax.make_jaxpr(fn)(spec, spec), ["cpu"])
+        want = jax.export.export(jax.jit(fn), platforms=("cpu",))(spec, spec)
+    got = jax.export.deserialize(bytearray(pfunc.fn_body))
+    fields = (
+        "in_tree",
+        "in_avals",
+        "out_tree",
+        "out_avals",
+        "in_shardings_hlo",
+        "out_shardings_hlo",
+        "nr_devices",
+        "platforms",
+        "ordered_effects",
+        "unordered_effects",
+        "disabled_safety_checks",
+        "calling_convention_version",
+        "module_kept_var_idx",
+        "uses_global_constants",
+    )
+    assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}
+    assert pfunc.attrs[jax_exec.ATTR_CALLING_CONVENTION] == want.calling_convention_version
+
+
 def test_several_platforms_are_refused() -> None:
     with pytest.raises(emit.Unemittable, match="several platforms"):
         emit.round_function("t", [], lambda b: [b.value(np.uint64(1))], ("cpu", "cuda"))

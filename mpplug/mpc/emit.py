@@ -13,7 +13,6 @@ serialized `Exported`, every input kept, for one platform.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import threading
@@ -754,13 +753,6 @@ def _serialized(text: str) -> bytes:
         return bytes(hlo.serialize_portable_artifact(module, _target_version()))
 
 
-@functools.cache
-def _template(platform: str) -> jax_export.Exported:
-    """An export of this JAX for `platform`, whose fields the emitted artifacts share."""
-    spec = jax.ShapeDtypeStruct((1,), np.uint32)
-    return jax_export.export(jax.jit(lambda x: x), platforms=(platform,))(spec)
-
-
 def jaxpr_function(
     name: str, closed: jax.extend.core.ClosedJaxpr, platforms: Sequence[str] | None
 ) -> PFunction:
@@ -821,19 +813,26 @@ def _written(
 ) -> PFunction:
     module = _serialized(text)
     n, m = len(in_avals), len(out_avals)
-    exported = dataclasses.replace(
-        _template(platform),
+    exported = jax_export.Exported(
         fun_name=name,
         in_tree=jax.tree.structure((tuple(range(n)), {})),
         in_avals=in_avals,
         out_tree=jax.tree.structure(tuple(range(m))),
         out_avals=out_avals,
+        _has_named_shardings=True,
         _in_named_shardings=(None,) * n,
         _out_named_shardings=(None,) * m,
         in_shardings_hlo=(None,) * n,
         out_shardings_hlo=(None,) * m,
-        module_kept_var_idx=tuple(range(n)),
+        nr_devices=1,
+        platforms=(platform,),
+        ordered_effects=(),
+        unordered_effects=(),
+        disabled_safety_checks=(),
         mlir_module_serialized=module,
+        calling_convention_version=jax.config.jax_export_calling_convention_version,  # type: ignore[attr-defined]
+        module_kept_var_idx=tuple(range(n)),
+        uses_global_constants=False,
         _get_vjp=None,
     )
     attrs = {
