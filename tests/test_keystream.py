@@ -4,7 +4,9 @@ streams its row chose, and clear refusals of malformed records."""
 
 from __future__ import annotations
 
+import gc
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -137,3 +139,37 @@ def test_iteration_t_of_a_loop_draws_its_streams_moved_on_by_t_strides():
     )
     with pytest.raises(InvalidPFunctionError, match="expected"):
         run(stepped_types, keys)
+
+
+def test_a_runtime_draws_again_into_the_buffer_no_array_holds_any_more():
+    """Fresh memory is slow to write first (page by page): a party's next draw of the same size
+    reuses its last buffer once nothing made from it is alive (JAX lets go of it at the next
+    garbage collection), clearing what the row leaves unwritten, and never while an array
+    from it is alive. Streams past a MiB come out whole."""
+    keys = np.random.default_rng(7).integers(0, 2**32, (2, 8), dtype=np.uint32)
+    counts = [20_000, 3]  # 1.28 MB: drawn a MiB at a time
+    draw = keystream_pfunction([50, 51], counts, [[1, 1], [0, 1]])
+    runtime = KernelRuntime()
+    blocks = [
+        keystream_blocks(keys[i].astype("<u4").tobytes(), 50 + i, c) for i, c in enumerate(counts)
+    ]
+
+    def words(role: int) -> tuple[Any, int]:
+        (out,) = invoke(draw, keys, np.int32(role), runtime=runtime)
+        return out, out.unsafe_buffer_pointer()
+
+    first, where = words(0)
+    held = np.asarray(first).copy()
+    np.testing.assert_array_equal(held.view("<u4").reshape(-1, 16), np.concatenate(blocks))
+    second, elsewhere = words(1)  # `first` is alive: a buffer of its own
+    assert elsewhere != where
+    np.testing.assert_array_equal(np.asarray(first), held)
+    del first, second
+    full, where = words(0)
+    del full
+    gc.collect(0)  # JAX lets go of what it took from numpy at the next collection
+    short, again = words(1)
+    assert again == where
+    got = np.asarray(short).view("<u4").reshape(-1, 16)
+    np.testing.assert_array_equal(got[:3], blocks[1])
+    assert not got[3:].any()
