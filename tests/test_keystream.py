@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mpplug import InvalidPFunctionError, PFunction
-from mpplug.kernels import KernelRuntime, invoke
+from mpplug.kernels import KernelRuntime, invoke, keystream
 from mpplug.kernels.keystream import NONCE_TAG, keystream_blocks, keystream_pfunction
 
 MASK = 0xFFFFFFFF
@@ -173,3 +173,13 @@ def test_a_runtime_draws_again_into_the_buffer_no_array_holds_any_more():
     got = np.asarray(short).view("<u4").reshape(-1, 16)
     np.testing.assert_array_equal(got[:3], blocks[1])
     assert not got[3:].any()
+
+
+def test_a_party_keeps_no_more_than_its_bound_of_buffers(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(keystream, "KEPT_BYTES", 1 << 20)
+    runtime = KernelRuntime()
+    keys = np.zeros((1, 8), np.uint32)
+    for count in (100, 20_000, 200, 20_000):  # 6.4 kB, 1.28 MB (over the bound), 12.8 kB
+        invoke(keystream_pfunction([1], [count], [[1]]), keys, runtime=runtime)
+    kept = runtime.cache(keystream.KEYSTREAM)
+    assert len(kept) == 2 and kept.weight < 1 << 20

@@ -168,7 +168,7 @@ def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime)
         return [jax.device_put(words.astype(np.uint64, copy=False), runtime.resolved_device())]
 
 
-KEPT_BYTES = 512 << 20
+KEPT_BYTES = 256 << 20
 """Keystream buffers a party keeps for its next runs, in bytes (least recently used dropped
 first). Fresh memory is paid for page by page when first written, and dearly on a virtual
 machine (about 2 ms per MiB here: 180 ms of the 270 ms a reciprocal of 100,000 values spent
@@ -183,7 +183,8 @@ def _buffer(runtime: KernelRuntime, size: int) -> np.ndarray:
     owner = kept.get(size)
     if owner is None or sys.getrefcount(owner) > _UNUSED_REFS:
         owner = np.empty(size + 64, np.uint8)
-        kept.put(size, owner)
+        if owner.nbytes <= KEPT_BYTES:  # a bigger one is not kept
+            kept.put(size, owner)
     start = -owner.ctypes.data % 64
     return owner[start : start + size]
 
