@@ -78,8 +78,37 @@ def _words_for(shape: Sequence[int], dtype: Any) -> tuple[int]:
 def _narrow(words: jnp.ndarray, shape: Sequence[int], dtype: Any) -> jnp.ndarray:
     """uint64 PRF words as `shape` elements of the unsigned `dtype`."""
     if jnp.dtype(dtype).itemsize < 8:
-        words = lax.bitcast_convert_type(words, dtype).reshape(-1)
-    return words[: math.prod(shape)].reshape(tuple(shape))
+        narrow = lax.bitcast_convert_type(words, dtype)
+        words = lax.reshape(narrow, (narrow.size,))
+    size = math.prod(shape)
+    if words.shape[0] != size:
+        words = lax.slice(words, (0,), (size,))
+    return lax.reshape(words, tuple(shape))
+
+
+def _halves(a: Shares) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """A party's two shares, as `a[0], a[1]` in one equation instead of four (a share program
+    reads shares thousands of times, and tracing its equations is most of its cost)."""
+    first, second = lax.unstack(a, 0)
+    return first, second
+
+
+def _share(a: Shares, i: int) -> jnp.ndarray:
+    return _halves(a)[i]
+
+
+def _pair(first: jnp.ndarray, second: jnp.ndarray) -> Shares:
+    return lax.stack([first, second])
+
+
+def _by_role(ctx: Context, *cases: jnp.ndarray) -> jnp.ndarray:
+    """`cases[r]` at the party whose role is r (one select where jnp.where takes several)."""
+    return lax.select_n(ctx.role, *cases)
+
+
+def _if_role(ctx: Context, role: int, then: jnp.ndarray, other: jnp.ndarray) -> jnp.ndarray:
+    """`then` at the party whose role is `role`, `other` at the others."""
+    return lax.select(ctx.is_role(role), then, other)
 
 
 def _compress_even(x: jnp.ndarray, width: int) -> jnp.ndarray:
@@ -188,23 +217,22 @@ class ABY3(Protocol):
 
     def lift(self, ctx: Context, value: jnp.ndarray) -> Shares:
         zero = jnp.zeros_like(value)
-        return jnp.stack(
-            [jnp.where(ctx.role == 0, value, zero), jnp.where(ctx.role == 2, value, zero)]
-        )
+        return _pair(_if_role(ctx, 0, value, zero), _if_role(ctx, 2, value, zero))
 
     def local(self, fn: Callable[..., jnp.ndarray], *shares: Shares) -> Shares:
-        return jnp.stack([fn(*(s[0] for s in shares)), fn(*(s[1] for s in shares))])
+        return _pair(fn(*(_share(s, 0) for s in shares)), fn(*(_share(s, 1) for s in shares)))
 
     def _zero(self, ctx: Context, shape: Sequence[int]) -> jnp.ndarray:
         """Arithmetic shares of zero: F(k_i) - F(k_{i+1}) sums to 0 over the roles."""
         stream = ctx.next_stream()
-        return prf(ctx.keys[0], stream, shape) - prf(ctx.keys[1], stream, shape)
+        mine, theirs = _halves(ctx.keys)
+        return prf(mine, stream, shape) - prf(theirs, stream, shape)
 
     def _zero_bits(self, ctx: Context, shape: Sequence[int], dtype: Any) -> jnp.ndarray:
         """XOR shares of zero in `dtype` words (narrow words take fewer PRF words)."""
         stream = ctx.next_stream()
-        mine = _narrow(prf(ctx.keys[0], stream, _words_for(shape, dtype)), shape, dtype)
-        theirs = _narrow(prf(ctx.keys[1], stream, _words_for(shape, dtype)), shape, dtype)
+        words = _words_for(shape, dtype)
+        mine, theirs = (_narrow(prf(k, stream, words), shape, dtype) for k in _halves(ctx.keys))
         return mine ^ theirs
 
     def _pair_random(
@@ -224,13 +252,13 @@ class ABY3(Protocol):
         return _narrow(words, shape, dtype)
 
     def _reshare(self, ctx: Context, z: jnp.ndarray, tag: str) -> Shares:
-        return jnp.stack([z, exchange(z, _FROM_NEXT, tag)])
+        return _pair(z, exchange(z, _FROM_NEXT, tag))
 
     def _cross(self, a: Shares, b: Shares) -> jnp.ndarray:
         """Role i's additive share z_i = a_i b_i + a_i b_i+1 + a_i+1 b_i of the product, as
         (a_i + a_i+1) b_i + a_i b_i+1."""
-        a0, b0 = a[0], b[0]
-        return (a0 + a[1]) * b0 + a0 * b[1]
+        (a0, a1), (b0, b1) = _halves(a), _halves(b)
+        return (a0 + a1) * b0 + a0 * b1
 
     def mul(self, ctx: Context, a: Shares, b: Shares, bits: int = 0) -> Shares:
         return self._finish_product(ctx, self._cross(a, b), bits, "mul")
@@ -253,7 +281,8 @@ class ABY3(Protocol):
         tag: str = "bilinear",
     ) -> Shares:
         # Role i's additive share a_i b_i + a_i b_i+1 + a_i+1 b_i, as two products.
-        z = product(a[0] + a[1], b[0]) + product(a[0], b[1])
+        (a0, a1), (b0, b1) = _halves(a), _halves(b)
+        z = product(a0 + a1, b0) + product(a0, b1)
         return self._finish_product(ctx, z, bits, tag)
 
     def _finish_product(self, ctx: Context, z: jnp.ndarray, bits: int, tag: str) -> Shares:
@@ -267,7 +296,8 @@ class ABY3(Protocol):
         if ctx.truncation == "probabilistic":
             return self._trunc_probabilistic(ctx, a, bits)
         # Replicated to two-out-of-two between roles 0 and 1: x0 + x1 at role 0, x2 at role 1.
-        return self._trunc_pair(ctx, jnp.where(ctx.role == 0, a[0] + a[1], a[1]), bits)
+        a0, a1 = _halves(a)
+        return self._trunc_pair(ctx, _if_role(ctx, 0, a0 + a1, a1), bits)
 
     def _trunc_probabilistic(self, ctx: Context, a: Shares, bits: int) -> Shares:
         # ABY3 share truncation I (Mohassel-Rindal 2018, section 5.1.1), as in SPU's TruncA:
@@ -275,11 +305,12 @@ class ABY3(Protocol):
         # role 1 masks its part with r from k2 and sends it to role 0. Wrong by about 2^(64-bits)
         # with probability about |x| / 2^63.
         r = self._pair_random(ctx, a.shape[1:], owner_role=2)
-        upper = -ring.arshift(-(a[0] + a[1]), bits) - r
+        a0, a1 = _halves(a)
+        upper = -ring.arshift(-(a0 + a1), bits) - r
         sent = exchange(upper, (1, 1, 2), "trunc")
-        own = jnp.where(ctx.role == 0, ring.arshift(a[0], bits), jnp.where(ctx.role == 1, sent, r))
-        nxt = jnp.where(ctx.role == 0, sent, jnp.where(ctx.role == 1, r, ring.arshift(a[1], bits)))
-        return jnp.stack([own, nxt])
+        own = _by_role(ctx, ring.arshift(a0, bits), sent, r)
+        nxt = _by_role(ctx, sent, r, ring.arshift(a1, bits))
+        return _pair(own, nxt)
 
     def _pair_from_additive(self, ctx: Context, z: jnp.ndarray) -> jnp.ndarray:
         """Three-out-of-three shares z_i (role i knows z_i) to two-out-of-two between roles 0
@@ -287,7 +318,7 @@ class ABY3(Protocol):
         role 1). One round, k bits from role 2; it replaces a product's reshare."""
         r = self._pair_random(ctx, z.shape, owner_role=0)
         moved = exchange(z - r, _TO_1_FROM_2, "trunc.pair")
-        return jnp.where(ctx.role == 0, z + r, z + moved)
+        return z + _if_role(ctx, 0, r, moved)
 
     def _bit_product_masks(
         self, ctx: Context, shape: Sequence[int], dtype: Any
@@ -316,28 +347,23 @@ class ABY3(Protocol):
         """
         narrow = jnp.uint32 if bits <= 32 else ring.RING
         shape = u.shape
-        first = ctx.role == 0
+        first = ctx.is_role(0)
         a = (u - _u64(_QUARTER)) >= _u64(_HALF)
         b = u >= _u64(_HALF)
-        mine = jnp.where(first, a, b).astype(ring.RING)
+        mine = lax.select(first, a, b).astype(ring.RING)
         mask_a, c0, mask_b = self._bit_product_masks(ctx, shape, narrow)
         c1 = exchange((mask_a * mask_b - c0).astype(narrow), _TO_1_FROM_2, "trunc.dealer")
-        masked = jnp.where(first, mask_a, mask_b) + mine
+        masked = lax.select(first, mask_a, mask_b) + mine
         theirs = exchange(masked.astype(narrow), _SWAP_01, "trunc.bits").astype(ring.RING)
-        product = jnp.where(first, mine * theirs + c0, c1.astype(ring.RING) - mask_b * theirs)
-        wraps = product + jnp.where(first, u >= _u64(_QUARTER), False).astype(ring.RING)
+        product = lax.select(first, mine * theirs + c0, c1.astype(ring.RING) - mask_b * theirs)
+        wraps = product + ((u >= _u64(_QUARTER)) & first).astype(ring.RING)
         shifted = (u >> np.uint64(bits)) - (wraps << np.uint64(64 - bits))
         half = shifted + first.astype(ring.RING)  # + 1 at role 0: floor or one above
         y0 = self._pair_random(ctx, shape, owner_role=0)  # roles 2 and 0
         y2 = self._pair_random(ctx, shape, owner_role=2)  # roles 1 and 2
-        out = half - jnp.where(first, y0, y2)
+        out = half - lax.select(first, y0, y2)
         y1 = out + exchange(out, _SWAP_01, "trunc.reshare")
-        return jnp.stack(
-            [
-                jnp.where(first, y0, jnp.where(ctx.role == 1, y1, y2)),
-                jnp.where(first, y1, jnp.where(ctx.role == 1, y2, y0)),
-            ]
-        )
+        return _pair(_by_role(ctx, y0, y1, y2), _by_role(ctx, y1, y2, y0))
 
     def xor_public(self, ctx: Context, a: Shares, mask: Any) -> Shares:
         return a ^ self.lift(ctx, jnp.broadcast_to(mask, a.shape[1:]).astype(a.dtype))
@@ -345,8 +371,8 @@ class ABY3(Protocol):
     def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:
         dtype = _DTYPE_OF_BITS[max(8, 1 << max(0, bits - 1).bit_length())]
         a, b = a.astype(dtype), b.astype(dtype)
-        a0, b0 = a[0], b[0]
-        z = ((a0 ^ a[1]) & b0) ^ (a0 & b[1])  # (a_i & b_i) ^ (a_i & b_i+1) ^ (a_i+1 & b_i)
+        (a0, a1), (b0, b1) = _halves(a), _halves(b)
+        z = ((a0 ^ a1) & b0) ^ (a0 & b1)  # (a_i & b_i) ^ (a_i & b_i+1) ^ (a_i+1 & b_i)
         z = z ^ self._zero_bits(ctx, z.shape, dtype)
         return self._reshare(ctx, z, "and.reshare").astype(ring.RING)
 
@@ -409,20 +435,16 @@ class ABY3(Protocol):
         pa, pb, pc = permutation(0), permutation(1), permutation(2)
         m1 = self._pair_random(ctx, shape, owner_role=0)
         m2 = self._pair_random(ctx, shape, owner_role=1)
-        first = apply(a[0] + a[1], pa) - m1  # role 0's part, and role 2's (a[0] = x2) masked
-        handed = jnp.where(ctx.role == 0, apply(first, pb) - m2, apply(a[0], pa) + m1)
+        a0, a1 = _halves(a)
+        first = apply(a0 + a1, pa) - m1  # role 0's part, and role 2's (a0 = x2) masked
+        handed = _if_role(ctx, 0, apply(first, pb) - m2, apply(a0, pa) + m1)
         got = exchange(handed, (0, 2, 0), "shuffle")  # role 1 gets role 2's, role 2 role 0's
-        part = apply(jnp.where(ctx.role == 1, apply(got, pb) + m2, got), pc)
+        part = apply(_if_role(ctx, 1, apply(got, pb) + m2, got), pc)
         z0 = self._pair_random(ctx, shape, owner_role=0)
         z1 = self._pair_random(ctx, shape, owner_role=1)
-        out = part - jnp.where(ctx.role == 1, z1, z0)
+        out = part - _if_role(ctx, 1, z1, z0)
         z2 = out + exchange(out, (0, 2, 1), "shuffle.reshare")
-        return jnp.stack(
-            [
-                jnp.where(ctx.role == 0, z0, jnp.where(ctx.role == 1, z1, z2)),
-                jnp.where(ctx.role == 0, z1, jnp.where(ctx.role == 1, z2, z0)),
-            ]
-        )
+        return _pair(_by_role(ctx, z0, z1, z2), _by_role(ctx, z1, z2, z0))
 
     def open_bits(self, ctx: Context, bits: Shares) -> jnp.ndarray:
         # role i holds bits i and i+1 and gets bit i+2 from role i+1, 64 to a word
@@ -467,10 +489,6 @@ class ABY3(Protocol):
 
     def lift_slot(self, ctx: Context, a: Shares, j: int) -> Shares:
         """Share x_j of `a` alone, as shares of the same kind (its two holders know it)."""
-        zero = jnp.zeros_like(a[0])
-        return jnp.stack(
-            [
-                jnp.where(ctx.role == j, a[0], zero),
-                jnp.where(ctx.role == (j - 1) % 3, a[1], zero),
-            ]
-        )
+        a0, a1 = _halves(a)
+        zero = jnp.zeros_like(a0)
+        return _pair(_if_role(ctx, j, a0, zero), _if_role(ctx, (j - 1) % 3, a1, zero))

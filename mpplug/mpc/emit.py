@@ -464,6 +464,17 @@ def _stack(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]
     return [b.concatenate(expanded, axis)]
 
 
+def _unstack(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    (x,), axis = ins, eqn.params["axis"]
+    shape = [d for i, d in enumerate(x.shape) if i != axis]
+    outs = []
+    for i in range(x.shape[axis]):
+        start, limit = [0] * len(x.shape), list(x.shape)
+        start[axis], limit[axis] = i, i + 1
+        outs.append(b.reshape(b.slice(x, start, limit), shape))
+    return outs
+
+
 def _transpose(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     shape, dtype = _aval(eqn)
     perm = _i64s(eqn.params["permutation"])
@@ -700,6 +711,7 @@ _RULES: dict[str, Rule] = {
     "dynamic_update_slice": _dynamic_update_slice,
     "concatenate": _concatenate,
     "stack": _stack,
+    "unstack": _unstack,
     "transpose": _transpose,
     "rev": _rev,
     "iota": _iota,

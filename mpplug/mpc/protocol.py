@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from mpplug.frontend.tracer import TracedValue
 
@@ -34,6 +36,15 @@ class Context:
     frac_bits: int
     next_stream: Callable[..., int]
     truncation: str = "precise"
+    _is_role: dict[int, jnp.ndarray] = field(default_factory=dict, repr=False)
+
+    def is_role(self, role: int) -> jnp.ndarray:
+        """Whether this party has `role`, a bool[] computed once per share program (a
+        protocol asks it at every step that differs by role)."""
+        found = self._is_role.get(role)
+        if found is None:
+            found = self._is_role[role] = lax.eq(self.role, np.int32(role))
+        return found
 
 
 TRUNCATIONS = ("precise", "probabilistic")
