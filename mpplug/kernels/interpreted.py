@@ -144,6 +144,7 @@ def plan(module: ir.Module) -> Plan:
     `Unsupported`)."""
     if getattr(_contexts, "typed", None) is not module.context:  # `_tensor`'s types: its own
         _contexts.typed, _contexts.types = module.context, {}
+        _contexts.checked, _contexts.ints = set(), {}
     funcs = {}
     for op in module.body.operations:
         if op.operation.name != "func.func":
@@ -181,12 +182,32 @@ def _tensor(value: ir.Value) -> tuple[tuple[int, ...], np.dtype]:
     return found
 
 
-def _ints(attr: ir.Attribute) -> list[int]:
-    if isinstance(attr, ir.DenseI64ArrayAttr):
-        return list(ir.DenseI64ArrayAttr(attr))
-    if isinstance(attr, ir.DenseIntElementsAttr):
-        return [int(v) for v in np.asarray(ir.DenseIntElementsAttr(attr)).ravel()]
-    raise Unsupported(f"attribute {attr}")
+def _checked_result(value: ir.Value) -> None:
+    """Raise `Unsupported` for an op result too big to hold (checked once per type)."""
+    vtype = value.type
+    checked = _contexts.checked
+    if vtype in checked:
+        return
+    shape, dtype = _tensor(value)
+    if math.prod(shape) * dtype.itemsize > VALUE_LIMIT_BYTES:
+        raise Unsupported(f"a value of {shape} {dtype}, over {VALUE_LIMIT_BYTES >> 20} MiB")
+    checked.add(vtype)
+
+
+def _ints(attr: ir.Attribute) -> tuple[int, ...]:
+    """An integer array attribute's values (read once per attribute of the context: attributes
+    are unique within a context, and a module repeats the same few)."""
+    ints = _contexts.ints
+    found = ints.get(attr)
+    if found is None:
+        if isinstance(attr, ir.DenseI64ArrayAttr):
+            found = tuple(ir.DenseI64ArrayAttr(attr))
+        elif isinstance(attr, ir.DenseIntElementsAttr):
+            found = tuple(int(v) for v in np.asarray(ir.DenseIntElementsAttr(attr)).ravel())
+        else:
+            raise Unsupported(f"attribute {attr}")
+        ints[attr] = found
+    return found
 
 
 class _Planner:
@@ -239,27 +260,28 @@ class _Block:
 
     def add(self, op: ir.Operation) -> None:
         name = op.name
+        slot = self.slot
         if name in ("func.return", "stablehlo.return"):
-            self.results = tuple(self.slot(v) for v in op.operands)
+            self.results = tuple(slot(v) for v in op.operands)
             return
-        for result in op.results:
-            shape, dtype = _tensor(result)
-            if math.prod(shape) * dtype.itemsize > VALUE_LIMIT_BYTES:
-                raise Unsupported(f"a value of {shape} {dtype}, over {VALUE_LIMIT_BYTES >> 20} MiB")
+        results = list(op.results)
+        for result in results:
+            _checked_result(result)
         handler = _HANDLERS.get(name)
         if handler is None:
             raise Unsupported(f"op {name}")
         fn = handler(self, op)
-        ins = tuple(self.slot(v) for v in op.operands)
-        outs = tuple(self.slot(r) for r in op.results)
+        ins = tuple([slot(v) for v in op.operands])
+        outs = tuple([slot(r) for r in results])
         out: int | tuple[int, ...] = outs[0] if len(outs) == 1 else outs
-        if all(i in self.known for i in ins) and name not in _NOT_FOLDED:
+        known = self.known
+        if all(i in known for i in ins) and name not in _NOT_FOLDED:
             with np.errstate(all="ignore"):
-                value = fn(*[self.known[i] for i in ins])
+                value = fn(*[known[i] for i in ins])
             values = (value,) if isinstance(out, int) else tuple(value)
             if all(_foldable(v) for v in values):
-                for slot, v in zip(outs, values, strict=True):
-                    self.known[slot] = v
+                for at, v in zip(outs, values, strict=True):
+                    known[at] = v
                 return
         self.steps.append((fn, ins, out))
 
@@ -271,11 +293,13 @@ class _Block:
         kept = set(self.results)
         steps = []
         for index, (fn, ins, out) in enumerate(self.steps):
-            outs = (out,) if isinstance(out, int) else out
-            dead = {s for s in ins if last.get(s) == index and s not in kept}
-            dead |= {s for s in outs if s not in last and s not in kept}
-            steps.append(Step(fn, ins, out, tuple(sorted(dead))))
-        used = {s for _, ins, _ in self.steps for s in ins} | kept
+            dead = [s for s in ins if last[s] == index and s not in kept]
+            for s in (out,) if isinstance(out, int) else out:
+                if s not in last and s not in kept:
+                    dead.append(s)
+            frees = tuple(sorted(set(dead))) if len(dead) > 1 else tuple(dead)
+            steps.append(Step(fn, ins, out, frees))
+        used = last.keys() | kept
         constants = tuple((s, v) for s, v in self.known.items() if s in used)
         weight = sum(_held_bytes(v) for _, v in constants) + STEP_BYTES * len(steps)
         return Plan(len(self.slots), constants, params, tuple(steps), self.results, weight)
@@ -912,13 +936,13 @@ def _convolution(block: _Block, op: ir.Operation) -> Fn:
     _, dtype = _result(op)
     spatial = len(numbers.input_spatial_dimensions)
 
-    def optional(name: str, default: list[int]) -> list[int]:
+    def optional(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
         return _ints(attrs[name]) if name in attrs else default
 
-    strides = optional("window_strides", [1] * spatial)
-    lhs_dilation = optional("lhs_dilation", [1] * spatial)
-    rhs_dilation = optional("rhs_dilation", [1] * spatial)
-    flat_padding = optional("padding", [0] * 2 * spatial)
+    strides = optional("window_strides", (1,) * spatial)
+    lhs_dilation = optional("lhs_dilation", (1,) * spatial)
+    rhs_dilation = optional("rhs_dilation", (1,) * spatial)
+    flat_padding = optional("padding", (0,) * 2 * spatial)
     padding = list(zip(flat_padding[0::2], flat_padding[1::2], strict=True))
     to_nchw = [numbers.input_batch_dimension, numbers.input_feature_dimension]
     to_nchw += list(numbers.input_spatial_dimensions)
