@@ -114,12 +114,14 @@ def _if_role(ctx: Context, role: int, then: jnp.ndarray, other: jnp.ndarray) -> 
 def _compress_even(x: jnp.ndarray, width: int) -> jnp.ndarray:
     """The even-position bits of the low `width` bits of x, packed into width/2 bits
     (a bit permutation, so it applies share by share to boolean shares)."""
-    x = x & _u64(_EVEN_MASKS[0])
+    x = lax.bitwise_and(x, _u64(_EVEN_MASKS[0]))
     step = 1
     for mask in _EVEN_MASKS[1:]:
         if step >= width // 2:
             break
-        x = (x | (x >> np.uint64(step))) & _u64(mask)
+        x = lax.bitwise_and(
+            lax.bitwise_or(x, lax.shift_right_logical(x, np.uint64(step))), _u64(mask)
+        )
         step *= 2
     return x
 
@@ -226,14 +228,14 @@ class ABY3(Protocol):
         """Arithmetic shares of zero: F(k_i) - F(k_{i+1}) sums to 0 over the roles."""
         stream = ctx.next_stream()
         mine, theirs = _halves(ctx.keys)
-        return prf(mine, stream, shape) - prf(theirs, stream, shape)
+        return lax.sub(prf(mine, stream, shape), prf(theirs, stream, shape))
 
     def _zero_bits(self, ctx: Context, shape: Sequence[int], dtype: Any) -> jnp.ndarray:
         """XOR shares of zero in `dtype` words (narrow words take fewer PRF words)."""
         stream = ctx.next_stream()
         words = _words_for(shape, dtype)
         mine, theirs = (_narrow(prf(k, stream, words), shape, dtype) for k in _halves(ctx.keys))
-        return mine ^ theirs
+        return lax.bitwise_xor(mine, theirs)
 
     def _pair_random(
         self, ctx: Context, shape: Sequence[int], owner_role: int, dtype: Any = ring.RING
@@ -258,7 +260,7 @@ class ABY3(Protocol):
         """Role i's additive share z_i = a_i b_i + a_i b_i+1 + a_i+1 b_i of the product, as
         (a_i + a_i+1) b_i + a_i b_i+1."""
         (a0, a1), (b0, b1) = _halves(a), _halves(b)
-        return (a0 + a1) * b0 + a0 * b1
+        return lax.add(lax.mul(lax.add(a0, a1), b0), lax.mul(a0, b1))
 
     def mul(self, ctx: Context, a: Shares, b: Shares, bits: int = 0) -> Shares:
         return self._finish_product(ctx, self._cross(a, b), bits, "mul")
@@ -282,14 +284,14 @@ class ABY3(Protocol):
     ) -> Shares:
         # Role i's additive share a_i b_i + a_i b_i+1 + a_i+1 b_i, as two products.
         (a0, a1), (b0, b1) = _halves(a), _halves(b)
-        z = product(a0 + a1, b0) + product(a0, b1)
+        z = lax.add(product(lax.add(a0, a1), b0), product(a0, b1))
         return self._finish_product(ctx, z, bits, tag)
 
     def _finish_product(self, ctx: Context, z: jnp.ndarray, bits: int, tag: str) -> Shares:
         """Replicated shares of sum_i z_i, shifted right by `bits` when `bits` > 0."""
         if bits and ctx.truncation == "precise":
             return self._trunc_pair(ctx, self._pair_from_additive(ctx, z), bits)
-        product = self._reshare(ctx, z + self._zero(ctx, z.shape), f"{tag}.reshare")
+        product = self._reshare(ctx, lax.add(z, self._zero(ctx, z.shape)), f"{tag}.reshare")
         return self.trunc(ctx, product, bits) if bits else product
 
     def trunc(self, ctx: Context, a: Shares, bits: int) -> Shares:
@@ -297,7 +299,7 @@ class ABY3(Protocol):
             return self._trunc_probabilistic(ctx, a, bits)
         # Replicated to two-out-of-two between roles 0 and 1: x0 + x1 at role 0, x2 at role 1.
         a0, a1 = _halves(a)
-        return self._trunc_pair(ctx, _if_role(ctx, 0, a0 + a1, a1), bits)
+        return self._trunc_pair(ctx, _if_role(ctx, 0, lax.add(a0, a1), a1), bits)
 
     def _trunc_probabilistic(self, ctx: Context, a: Shares, bits: int) -> Shares:
         # ABY3 share truncation I (Mohassel-Rindal 2018, section 5.1.1), as in SPU's TruncA:
@@ -317,8 +319,8 @@ class ABY3(Protocol):
         and 1: role 2 sends z2 - r to role 1, with r from k0 (known to roles 2 and 0, never to
         role 1). One round, k bits from role 2; it replaces a product's reshare."""
         r = self._pair_random(ctx, z.shape, owner_role=0)
-        moved = exchange(z - r, _TO_1_FROM_2, "trunc.pair")
-        return z + _if_role(ctx, 0, r, moved)
+        moved = exchange(lax.sub(z, r), _TO_1_FROM_2, "trunc.pair")
+        return lax.add(z, _if_role(ctx, 0, r, moved))
 
     def _bit_product_masks(
         self, ctx: Context, shape: Sequence[int], dtype: Any
@@ -326,7 +328,7 @@ class ABY3(Protocol):
         """The dealer's randomness for one private product of role 0's and role 1's bits, in
         `dtype` words: (mask_a, c0) from k0 (roles 2 and 0), mask_b from k2 (roles 1 and 2)."""
         drawn = [self._pair_random(ctx, shape, o, dtype) for o in (0, 0, 2)]
-        return [d.astype(ring.RING) for d in drawn]
+        return [lax.convert_element_type(d, ring.RING) for d in drawn]
 
     def _trunc_pair(self, ctx: Context, u: jnp.ndarray, bits: int) -> Shares:
         """Precise truncation of x = u0 + u1 (u0 at role 0, u1 at role 1; role 2 helps) for
@@ -348,21 +350,35 @@ class ABY3(Protocol):
         narrow = jnp.uint32 if bits <= 32 else ring.RING
         shape = u.shape
         first = ctx.is_role(0)
-        a = (u - _u64(_QUARTER)) >= _u64(_HALF)
-        b = u >= _u64(_HALF)
-        mine = lax.select(first, a, b).astype(ring.RING)
+        a = lax.ge(lax.sub(u, _u64(_QUARTER)), _u64(_HALF))
+        b = lax.ge(u, _u64(_HALF))
+        mine = lax.convert_element_type(lax.select(first, a, b), ring.RING)
         mask_a, c0, mask_b = self._bit_product_masks(ctx, shape, narrow)
-        c1 = exchange((mask_a * mask_b - c0).astype(narrow), _TO_1_FROM_2, "trunc.dealer")
-        masked = lax.select(first, mask_a, mask_b) + mine
-        theirs = exchange(masked.astype(narrow), _SWAP_01, "trunc.bits").astype(ring.RING)
-        product = lax.select(first, mine * theirs + c0, c1.astype(ring.RING) - mask_b * theirs)
-        wraps = product + ((u >= _u64(_QUARTER)) & first).astype(ring.RING)
-        shifted = (u >> np.uint64(bits)) - (wraps << np.uint64(64 - bits))
-        half = shifted + first.astype(ring.RING)  # + 1 at role 0: floor or one above
+        c1 = exchange(
+            lax.convert_element_type(lax.sub(lax.mul(mask_a, mask_b), c0), narrow),
+            _TO_1_FROM_2,
+            "trunc.dealer",
+        )
+        masked = lax.add(lax.select(first, mask_a, mask_b), mine)
+        theirs = lax.convert_element_type(
+            exchange(lax.convert_element_type(masked, narrow), _SWAP_01, "trunc.bits"), ring.RING
+        )
+        product = lax.select(
+            first,
+            lax.add(lax.mul(mine, theirs), c0),
+            lax.sub(lax.convert_element_type(c1, ring.RING), lax.mul(mask_b, theirs)),
+        )
+        above_quarter = lax.bitwise_and(lax.ge(u, _u64(_QUARTER)), first)
+        wraps = lax.add(product, lax.convert_element_type(above_quarter, ring.RING))
+        shifted = lax.sub(
+            lax.shift_right_logical(u, np.uint64(bits)), lax.shift_left(wraps, np.uint64(64 - bits))
+        )
+        # + 1 at role 0: floor or one above
+        half = lax.add(shifted, lax.convert_element_type(first, ring.RING))
         y0 = self._pair_random(ctx, shape, owner_role=0)  # roles 2 and 0
         y2 = self._pair_random(ctx, shape, owner_role=2)  # roles 1 and 2
-        out = half - lax.select(first, y0, y2)
-        y1 = out + exchange(out, _SWAP_01, "trunc.reshare")
+        out = lax.sub(half, lax.select(first, y0, y2))
+        y1 = lax.add(out, exchange(out, _SWAP_01, "trunc.reshare"))
         return _pair(_by_role(ctx, y0, y1, y2), _by_role(ctx, y1, y2, y0))
 
     def xor_public(self, ctx: Context, a: Shares, mask: Any) -> Shares:
@@ -370,11 +386,12 @@ class ABY3(Protocol):
 
     def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:
         dtype = _DTYPE_OF_BITS[max(8, 1 << max(0, bits - 1).bit_length())]
-        a, b = a.astype(dtype), b.astype(dtype)
-        (a0, a1), (b0, b1) = _halves(a), _halves(b)
-        z = ((a0 ^ a1) & b0) ^ (a0 & b1)  # (a_i & b_i) ^ (a_i & b_i+1) ^ (a_i+1 & b_i)
-        z = z ^ self._zero_bits(ctx, z.shape, dtype)
-        return self._reshare(ctx, z, "and.reshare").astype(ring.RING)
+        a0, a1 = _halves(lax.convert_element_type(a, dtype))
+        b0, b1 = _halves(lax.convert_element_type(b, dtype))
+        # (a_i & b_i) ^ (a_i & b_i+1) ^ (a_i+1 & b_i)
+        z = lax.bitwise_xor(lax.bitwise_and(lax.bitwise_xor(a0, a1), b0), lax.bitwise_and(a0, b1))
+        z = lax.bitwise_xor(z, self._zero_bits(ctx, z.shape, dtype))
+        return lax.convert_element_type(self._reshare(ctx, z, "and.reshare"), ring.RING)
 
     def msb(self, ctx: Context, a: Shares, width: int = 64, carry: Shares | None = None) -> Shares:
         wide = width == 64
