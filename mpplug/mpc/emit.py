@@ -154,21 +154,23 @@ class Builder:
         dtype: Any,
         properties: str = "",
     ) -> Value:
-        key = (kind, tuple(v.name for v in operands), tuple(shape), np.dtype(dtype), properties)
+        shape, dtype = tuple(shape), np.dtype(dtype)
+        names = tuple([v.name for v in operands])
+        key = (kind, names, shape, dtype, properties)
         found = self.written.get(key)
         if found is not None:
             return found
-        out = self.written[key] = Value(self.name(), tuple(shape), np.dtype(dtype))
+        out = self.written[key] = Value(self.name(), shape, dtype)
         if kind == "constant":
             self.constant_names.add(out.name)
-        names = ", ".join(v.name for v in operands)
-        types = ", ".join(v.type for v in operands)
+        types = ", ".join([v.type for v in operands])
         props = f" <{{{properties}}}>" if properties else ""
         self.lines.append(
             (
                 out.name,
-                tuple(v.name for v in operands),
-                f'    {out.name} = "stablehlo.{kind}"({names}){props} : ({types}) -> {out.type}',
+                names,
+                f'    {out.name} = "stablehlo.{kind}"({", ".join(names)}){props} : ({types}) '
+                f"-> {out.type}",
             )
         )
         return out

@@ -116,7 +116,7 @@ def _aval(v: Any) -> Any:
 
 
 def _is_var(v: Any) -> bool:
-    return isinstance(v, Var) and not isinstance(v, Literal)
+    return isinstance(v, Var)  # a Literal is not a Var
 
 
 def _live_eqns(jaxpr: Jaxpr) -> list[JaxprEqn]:
