@@ -93,10 +93,6 @@ def _halves(a: Shares) -> tuple[jnp.ndarray, jnp.ndarray]:
     return first, second
 
 
-def _share(a: Shares, i: int) -> jnp.ndarray:
-    return _halves(a)[i]
-
-
 def _pair(first: jnp.ndarray, second: jnp.ndarray) -> Shares:
     return lax.stack([first, second])
 
@@ -222,7 +218,8 @@ class ABY3(Protocol):
         return _pair(_if_role(ctx, 0, value, zero), _if_role(ctx, 2, value, zero))
 
     def local(self, fn: Callable[..., jnp.ndarray], *shares: Shares) -> Shares:
-        return _pair(fn(*(_share(s, 0) for s in shares)), fn(*(_share(s, 1) for s in shares)))
+        halves = [_halves(s) for s in shares]
+        return _pair(fn(*(h[0] for h in halves)), fn(*(h[1] for h in halves)))
 
     def _zero(self, ctx: Context, shape: Sequence[int]) -> jnp.ndarray:
         """Arithmetic shares of zero: F(k_i) - F(k_{i+1}) sums to 0 over the roles."""
