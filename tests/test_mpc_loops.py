@@ -15,8 +15,9 @@ import pytest
 import mpplug as mp
 from mpplug.core.graph import OpKind
 from mpplug.kernels import keystream
+from mpplug.kernels.builtin import constant_pfunction, identity_pfunction
 from mpplug.mpc import trace_cache
-from mpplug.mpc.recording import Loop, Recording
+from mpplug.mpc.recording import Call, Loop, Recording, Shuffle
 
 rng = np.random.default_rng(7)
 X = rng.normal(size=(40, 3))
@@ -174,3 +175,21 @@ def test_a_recorded_loop_survives_its_bytes(monkeypatch: pytest.MonkeyPatch):
     broken = Recording(recording.n_inputs, recording.functions, recording.steps, bodies=[])
     with pytest.raises(ValueError, match="names no recorded body"):
         broken.check()
+
+
+def test_a_call_prepended_to_a_recording_renumbers_what_reads_later_values():
+    """`prepend_call` puts a call before the recorded steps: values made later move up by
+    its results, and the placeholders -1, -2, ... name them."""
+    one = mp.TensorType("int32", (2,))
+    recording = Recording(1)
+    (a,) = recording.call(identity_pfunction([one]), [0])
+    b = recording.shuffle(a, (1, 2, 0))
+    (c,) = recording.call(identity_pfunction([one]), [-2])  # the prepended call's second
+    recording.outputs = [b, c, -1]
+    recording.prepend_call(constant_pfunction(np.zeros(2, np.int32), np.ones(2, np.int32)))
+    first, *rest = recording.steps
+    assert first == Call(len(recording.functions) - 1, (), 2)
+    assert rest == [Call(0, (0,), 1), Shuffle(3, (1, 2, 0)), Call(1, (2,), 1)]
+    assert recording.outputs == [4, 5, 1]
+    recording.check()
+    assert recording.call(identity_pfunction([one]), [5]) == [6]

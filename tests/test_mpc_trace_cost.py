@@ -6,10 +6,12 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mpplug as mp
+from mpplug.core.graph import OpKind
 from mpplug.mpc import api
 
 PRODUCT_EQUATIONS = 61
@@ -63,3 +65,33 @@ def test_a_fixed_point_product_traces_to_a_bounded_number_of_plain_equations(
     assert per_product <= PRODUCT_EQUATIONS, (per_product, three - one)
     assert "jit" not in three, three  # no jnp function traced as a nested jaxpr
     assert three["eq"] == 1, three  # the party's role is tested once per share program
+
+
+def _round_calls(fn: Any) -> tuple[int, int]:
+    """How many calls of round functions a secure `fn` of a 4-vector makes, and how many
+    distinct round functions they call."""
+
+    @mp.function
+    def program(x: Any) -> Any:
+        (a,) = mp.mpc.seal((x,))
+        return mp.mpc.reveal(mp.mpc.run(fn, a), to=0)
+
+    graph = mp.compile(program, mp.MPObject(mp.TensorType("float32", (4,)), {0}), world_size=3)
+    graph = graph.graph
+    rounds = [
+        op.function
+        for op in graph.ops
+        if op.kind is OpKind.CALL and graph.functions[op.function].fn_name.startswith("mpc.")
+    ]
+    return len(rounds), len(set(rounds))
+
+
+def test_rounds_that_differ_only_in_their_streams_are_one_function(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a round reads its PRF streams in the run's keystream buffer is an input of the
+    round, not constants in its module: exp's squarings call the functions of one squaring
+    again (29 distinct round functions when the starts were constants)."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))
+    calls, functions = _round_calls(jnp.exp)
+    assert functions <= 16 < calls, (calls, functions)

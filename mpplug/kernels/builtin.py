@@ -6,10 +6,12 @@ They are registered through entry points exactly like any third-party kernel.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from mpplug.core import DType, PFunction, TensorType, ValueType
@@ -30,11 +32,15 @@ INDEX_TYPE = TensorType(DType.INT32, ())
 FLAG_TYPE = TensorType(DType.BOOL, ())
 
 
-def constant_pfunction(value: Any) -> PFunction:
-    """A PFunction whose body is the raw little-endian bytes of `value`."""
-    ttype = TensorType.of(value)
-    array = np.asarray(value, dtype=ttype.dtype.numpy, order="C")
-    return PFunction(CONSTANT, "constant", array.tobytes(), (), (ttype,))
+def constant_pfunction(*values: Any) -> PFunction:
+    """A PFunction of no inputs giving `values`, its body their raw little-endian bytes laid
+    end to end."""
+    types = tuple(TensorType.of(value) for value in values)
+    body = b"".join(
+        np.asarray(value, dtype=t.dtype.numpy, order="C").tobytes()
+        for value, t in zip(values, types, strict=True)
+    )
+    return PFunction(CONSTANT, "constant", body, (), types)
 
 
 def rank_pfunction() -> PFunction:
@@ -109,13 +115,39 @@ def _tensor_output(pfunc: PFunction) -> TensorType:
     return ttype
 
 
+CONSTANTS_BYTES = 64 << 20
+"""Constants a party keeps on its device between runs, in bytes (least recently used dropped
+first)."""
+
+
 def run_constant(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:
-    ttype = _tensor_output(pfunc)
-    if len(pfunc.fn_body) != ttype.nbytes:
+    """The constants, placed on the party's device once and kept there: a JAX function reading
+    one then takes it as it is, as it takes the results of other JAX functions, instead of
+    moving a host array at each call."""
+    types = [t for t in pfunc.outs_info if isinstance(t, TensorType)]
+    if not types or len(types) != len(pfunc.outs_info):
         raise InvalidPFunctionError(
-            f"{CONSTANT}: {ttype} needs {ttype.nbytes} body bytes, got {len(pfunc.fn_body)}"
+            f"{CONSTANT}: expected one or more array outputs, got "
+            f"({', '.join(map(str, pfunc.outs_info))})"
         )
-    return [np.frombuffer(pfunc.fn_body, dtype=ttype.dtype.numpy).reshape(ttype.shape)]
+    size = sum(t.nbytes for t in types)
+    if len(pfunc.fn_body) != size:
+        raise InvalidPFunctionError(
+            f"{CONSTANT}: {', '.join(map(str, types))} need {size} body bytes, "
+            f"got {len(pfunc.fn_body)}"
+        )
+    kept = runtime.cache(CONSTANT, lambda arrays: sum(a.nbytes for a in arrays), CONSTANTS_BYTES)
+    return list(kept.get_or_create(pfunc.digest, lambda: _placed(pfunc, types, runtime)))
+
+
+def _placed(pfunc: PFunction, types: list[TensorType], runtime: KernelRuntime) -> tuple[Any, ...]:
+    arrays, at = [], 0
+    for t in types:
+        flat = np.frombuffer(pfunc.fn_body, t.dtype.numpy, math.prod(t.shape), at)
+        arrays.append(flat.reshape(t.shape))
+        at += t.nbytes
+    with jax.enable_x64(True):  # 64-bit values as they are (this thread only)
+        return tuple(jax.device_put(arrays, runtime.resolved_device()))
 
 
 def run_rank(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime) -> list[Any]:

@@ -96,6 +96,32 @@ class Recording:
         self._count += step.results
         return list(range(first, self._count))
 
+    def prepend_call(self, pfunc: PFunction) -> None:
+        """Record a call of `pfunc` on no values before every step recorded so far: the steps
+        that read its results, recorded before it was known, named them -1, -2, ... ."""
+        self.functions.append(pfunc)
+        count = len(pfunc.outs_info)
+        first = self.n_inputs
+
+        def moved(i: int) -> int:
+            return first - 1 - i if i < 0 else i + count if i >= first else i
+
+        def step_moved(step: Step) -> Step:
+            if isinstance(step, Call):
+                return Call(step.function, tuple(map(moved, step.args)), step.results)
+            if isinstance(step, Loop):
+                invariants, carry = (
+                    tuple(map(moved, step.invariants)),
+                    tuple(map(moved, step.carry)),
+                )
+                return Loop(step.body, invariants, carry, step.length)
+            return Shuffle(moved(step.arg), step.sources)
+
+        steps = [step_moved(step) for step in self.steps]
+        self.steps = [Call(len(self.functions) - 1, (), count), *steps]
+        self.outputs = [moved(i) for i in self.outputs]
+        self._count += count
+
     def shuffle(self, arg: int, sources: Sequence[int]) -> int:
         self.steps.append(Shuffle(arg, tuple(sources)))
         self._count += 1

@@ -11,6 +11,7 @@ share program (`loop`, made by `loops`) stands between two rounds, like a messag
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import defaultdict
@@ -26,6 +27,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Va
 
 from mpplug.core import PFunction, TensorType
 from mpplug.frontend.jax_export import jax_export
+from mpplug.kernels.builtin import constant_pfunction
 from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction, stream_offsets
 from mpplug.mpc import emit
 from mpplug.mpc.prf import KEY_WORDS, blocks_for, picked_row, prf_p, stream_view
@@ -221,6 +223,7 @@ def record_rounds(
         for v, (start, size) in message.spans().items():
             source[v] = (index, start, size)
     packed: dict[Any, int] = {}  # message or kept vector -> its value
+    later: dict[int, jax.ShapeDtypeStruct] = {}  # values the call prepended last makes
     last_use = _last_use(plan, jaxpr)
     local: dict[int, list[JaxprEqn]] = defaultdict(list)
     loops: dict[int, list[JaxprEqn]] = defaultdict(list)
@@ -276,8 +279,11 @@ def record_rounds(
                 v for v in dict.fromkeys(r for r in reads if _is_var(r)) if v not in defined
             ]
             if randomness is not None and views:
+                starts, starts_type = randomness.starts(views)
+                held[STARTS], later[starts] = starts, starts_type
                 needed = [v for v in needed if v not in randomness.index]
-                needed += [BUFFER, *([randomness.role] if randomness.role is not None else [])]
+                needed += [BUFFER, STARTS]
+                needed += [randomness.role] if randomness.role is not None else []
                 needed = list(dict.fromkeys(needed))
             direct = [v for v in needed if v in held]
             unpacked = {v: source[v] for v in needed if v in source and v not in held}
@@ -297,7 +303,8 @@ def record_rounds(
             )
             args = [held[v] for v in direct] + [packed[m] for m in messages]
             tags = "+".join(m.tag for _, m in sends) or "out"
-            pfunc = _round_function(segment, f"mpc.{tags}", [types[a] for a in args], platforms)
+            inputs = [types[a] if a >= 0 else later[a] for a in args]
+            pfunc = _round_function(segment, f"mpc.{tags}", inputs, platforms)
             results = recording.call(pfunc, args)
             types += [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in tensor_outs(pfunc)]
             held.update(zip(solo, results, strict=False))
@@ -328,6 +335,8 @@ def record_rounds(
         if not _is_var(v) or v not in held:
             raise AssertionError(f"share program output {v} was not computed")
         recording.outputs.append(held[v])
+    if randomness is not None and randomness.tables:
+        recording.prepend_call(constant_pfunction(*randomness.tables))
     return recording
 
 
@@ -398,6 +407,10 @@ def _made_by(derived: dict[Var, JaxprEqn], values: list[Var], made: set[Var]) ->
 
 BUFFER = "keystream"
 """The run's keystream buffer, held between rounds like a share program variable."""
+STARTS = "stream starts"
+"""Where the streams a round reads start in the buffer: an input of the round, not constants
+in its module, so that rounds doing the same work on other streams (the squarings of `exp`,
+the iterations of a division) are the same function, written, planned and compiled once."""
 
 
 class _Randomness:
@@ -432,6 +445,8 @@ class _Randomness:
             self.rows = [[True] * len(eqns)]
         self.offsets = (stream_offsets(self.counts, self.rows) * BLOCK_WORDS_64).astype(np.int32)
         """Where each stream starts in each row's buffer, in words."""
+        self.tables: list[np.ndarray] = []
+        """The `STARTS` of the rounds recorded so far."""
 
     def record_draw(
         self,
@@ -483,21 +498,29 @@ class _Randomness:
         types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
         return buffer
 
+    def starts(self, views: Sequence[Var]) -> tuple[int, jax.ShapeDtypeStruct]:
+        """The value a round reading `views` takes as its `STARTS` (each view's start in each
+        row's buffer: int32[views], or int32[rows, views] where rows differ), and its type.
+        The values are named -1, -2, ... until `record_rounds` prepends the one call that
+        makes them all (`Recording.prepend_call`): a call each would cost every run a step
+        per round."""
+        table = self.offsets[:, [self.index[v] for v in views]]
+        self.tables.append(table[0] if len(self.rows) == 1 else table)
+        return -len(self.tables), jax.ShapeDtypeStruct(self.tables[-1].shape, np.int32)
+
     def read(self, env: dict[Any, Any], views: Sequence[Var], ops: Any) -> None:
-        """Bind each stream of `views` in `env` to its words in the buffer: at a start known
-        at trace time with one row, else at this role's row of their starts."""
+        """Bind each stream of `views` in `env` to its words in the buffer, at the start
+        `env[STARTS]` gives it (this role's row of them where rows differ)."""
         if not views:
             return
-        columns = [self.index[v] for v in views]
-        if len(self.rows) == 1:
-            starts: list[Any] = [int(self.offsets[0, i]) for i in columns]
-        else:
+        starts = env[STARTS]
+        if len(self.rows) > 1:
             role = ops.convert_element_type(_read(env, self.role), jnp.int32)
             row = ops.clamp(np.int32(0), role, np.int32(len(self.rows) - 1))
-            mine = ops.dynamic_index_in_dim(self.offsets[:, columns], row, keepdims=False)
-            starts = [ops.reshape(ops.slice(mine, (j,), (j + 1,)), ()) for j in range(len(views))]
-        for v, i, start in zip(views, columns, starts, strict=True):
-            env[v] = stream_view(env[BUFFER], start, self.shapes[i], ops)
+            starts = ops.dynamic_index_in_dim(starts, row, keepdims=False)
+        for j, v in enumerate(views):
+            start = ops.reshape(ops.slice(starts, (j,), (j + 1,)), ())
+            env[v] = stream_view(env[BUFFER], start, self.shapes[self.index[v]], ops)
 
 
 def _round_function(
@@ -538,8 +561,14 @@ class LAX:
     concatenate = staticmethod(lax.concatenate)
     convert_element_type = staticmethod(lax.convert_element_type)
     clamp = staticmethod(lax.clamp)
-    dynamic_index_in_dim = staticmethod(lax.dynamic_index_in_dim)
-    dynamic_slice_in_dim = staticmethod(lax.dynamic_slice_in_dim)
+    # clamped into range as XLA does, as `emit.Builder` writes them (jax's default wraps a
+    # negative start first)
+    dynamic_index_in_dim = staticmethod(
+        functools.partial(lax.dynamic_index_in_dim, allow_negative_indices=False)
+    )
+    dynamic_slice_in_dim = staticmethod(
+        functools.partial(lax.dynamic_slice_in_dim, allow_negative_indices=False)
+    )
     bitwise_or = staticmethod(lax.bitwise_or)
     shift_left = staticmethod(lax.shift_left)
 
