@@ -191,3 +191,27 @@ def test_a_party_keeps_no_more_than_its_bound_of_buffers(monkeypatch: pytest.Mon
         invoke(keystream_pfunction([1], [count], [[1]]), keys, runtime=runtime)
     kept = runtime.cache(keystream.KEYSTREAM)
     assert len(kept) == 2 and kept.weight < 1 << 20
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_what_a_role_leaves_undrawn_is_zeros_that_never_take_memory():
+    """The buffer is as wide as the widest role's draw; a role drawing less gets zeros past
+    its streams without writing them (fresh pages cost about a millisecond a MiB to write
+    on a virtual machine), so its resident memory grows by what it drew, not by the width."""
+    keys = np.random.default_rng(3).integers(0, 2**32, (2, 8), dtype=np.uint32)
+    counts = [2_000_000, 1]  # 128 MB for role 0; one block for role 1
+    draw = keystream_pfunction([60, 61], counts, [[1, 1], [0, 1]])
+    before = resident_bytes()
+    (out,) = invoke(draw, keys, np.int32(1), runtime=KernelRuntime())
+    grown = resident_bytes() - before
+    assert grown < 32 << 20, f"drawing one block took {grown >> 20} MiB"
+    words = np.asarray(out)
+    assert words.nbytes == 64 * (counts[0] + counts[1])
+    np.testing.assert_array_equal(
+        words[:8].view("<u4").reshape(1, 16), keystream_blocks(keys[1].tobytes(), 61, 1)
+    )
+    assert not words[8:].any()

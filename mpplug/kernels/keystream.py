@@ -9,6 +9,7 @@ uniform words, and parties that hold k compute the same ones.
 
 from __future__ import annotations
 
+import mmap
 import struct
 import sys
 from collections.abc import Sequence
@@ -151,8 +152,8 @@ def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime)
     chosen = [i for i in range(len(streams)) if rows[row][i]]
     # keystream = ChaCha20 of zeros, written straight into the buffer (one block of slack:
     # a cipher may ask for room for a block more than it writes)
-    out = _buffer(runtime, (width + 1) * 64)
-    at = 0
+    buffer = _buffer(runtime, (width + 1) * 64)
+    out, at = buffer.memory, 0
     for i in chosen:
         encryptor = _encryptor(keys[i].astype("<u4").tobytes(), streams[i])
         end = at + 64 * counts[i]
@@ -160,7 +161,9 @@ def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime)
             step = min(end - at, len(_ZEROS))
             encryptor.update_into(_ZEROS[:step], out.data[at:])
             at += step
-    out[at:] = 0
+    if buffer.written > at:  # what an earlier draw left there; past it, pages never written
+        out[at : buffer.written] = 0
+    buffer.written = at
     words = out[: width * 64].view("<u8")
     # on the party's device once (on a CPU, aligned memory is taken without a copy): every
     # round that slices the buffer reads it there
@@ -176,23 +179,32 @@ while a program's next run draws a buffer of the same size (the reciprocal of 10
 values: about 120 MB a party)."""
 
 
-def _buffer(runtime: KernelRuntime, size: int) -> np.ndarray:
-    """`size` bytes starting at a multiple of 64: a buffer this runtime drew into before, once
-    nothing refers to it any more (no array made from it is alive, nor a computation reading
-    it: JAX lets go of memory it took without a copy only then), else a new one."""
-    kept = runtime.cache(KEYSTREAM, lambda owner: owner.nbytes, KEPT_BYTES)
-    owner = kept.get(size)
-    if owner is None or sys.getrefcount(owner) > _UNUSED_REFS:
-        owner = np.empty(size + 64, np.uint8)
-        if owner.nbytes <= KEPT_BYTES:  # a bigger one is not kept
-            kept.put(size, owner)
-    start = -owner.ctypes.data % 64
-    return owner[start : start + size]
+class _Buffer:
+    """Pages from the OS for one draw's words: zeros until written, each paid for when first
+    written, so the part of the buffer a role leaves unwritten costs nothing (a role draws
+    fewer streams than the widest). `written` is how far a draw wrote; past it, zeros."""
+
+    def __init__(self, size: int) -> None:
+        self.memory = np.frombuffer(mmap.mmap(-1, size), np.uint8)
+        self.written = 0
 
 
-_UNUSED_REFS = 3
-"""References to a kept buffer's array that nothing else holds: the cache's, the caller's
-name for it, and `sys.getrefcount`'s argument (a view made from it holds one more)."""
+def _buffer(runtime: KernelRuntime, size: int) -> _Buffer:
+    """`size` bytes, page-aligned: a buffer this runtime drew into before, once nothing
+    refers to it any more (no array made from it is alive, nor a computation reading it: JAX
+    lets go of memory it took without a copy only then), else a new one."""
+    kept = runtime.cache(KEYSTREAM, lambda buffer: buffer.memory.nbytes, KEPT_BYTES)
+    buffer = kept.get(size)
+    if buffer is None or sys.getrefcount(buffer.memory) > _UNUSED_REFS:
+        buffer = _Buffer(size)
+        if size <= KEPT_BYTES:  # a bigger one is not kept
+            kept.put(size, buffer)
+    return buffer
+
+
+_UNUSED_REFS = 2
+"""References to a kept buffer's array that nothing else holds: its `_Buffer`'s and
+`sys.getrefcount`'s argument (a view made from it holds one more)."""
 
 
 _ZEROS = memoryview(bytes(1 << 20))
