@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import struct
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -152,8 +153,8 @@ def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime)
     chosen = [i for i in range(len(streams)) if rows[row][i]]
     # keystream = ChaCha20 of zeros, written straight into the buffer (one block of slack:
     # a cipher may ask for room for a block more than it writes)
-    buffer = _buffer(runtime, (width + 1) * 64)
-    out, at = buffer.memory, 0
+    buffer, out = _buffer(runtime, (width + 1) * 64)
+    at = 0
     for i in chosen:
         encryptor = _encryptor(keys[i].astype("<u4").tobytes(), streams[i])
         end = at + 64 * counts[i]
@@ -189,17 +190,23 @@ class _Buffer:
         self.written = 0
 
 
-def _buffer(runtime: KernelRuntime, size: int) -> _Buffer:
-    """`size` bytes, page-aligned: a buffer this runtime drew into before, once nothing
-    refers to it any more (no array made from it is alive, nor a computation reading it: JAX
-    lets go of memory it took without a copy only then), else a new one."""
+def _buffer(runtime: KernelRuntime, size: int) -> tuple[_Buffer, np.ndarray]:
+    """`size` bytes, page-aligned, and its memory: a buffer this runtime drew into before,
+    once nothing refers to it any more (no array made from it is alive, nor a computation
+    reading it: JAX lets go of memory it took without a copy only then), else a new one.
+    The memory returned marks it taken before another thread can look (runs of two
+    programs at one party)."""
     kept = runtime.cache(KEYSTREAM, lambda buffer: buffer.memory.nbytes, KEPT_BYTES)
-    buffer = kept.get(size)
-    if buffer is None or sys.getrefcount(buffer.memory) > _UNUSED_REFS:
-        buffer = _Buffer(size)
-        if size <= KEPT_BYTES:  # a bigger one is not kept
-            kept.put(size, buffer)
-    return buffer
+    with _TAKING:
+        buffer = kept.get(size)
+        if buffer is None or sys.getrefcount(buffer.memory) > _UNUSED_REFS:
+            buffer = _Buffer(size)
+            if size <= KEPT_BYTES:  # a bigger one is not kept
+                kept.put(size, buffer)
+        return buffer, buffer.memory
+
+
+_TAKING = threading.Lock()
 
 
 _UNUSED_REFS = 2
