@@ -84,10 +84,10 @@ NARROW_BYTES = 4  # the truncation's masked wrap bits and dealer correction trav
 def test_fixed_point_mul_with_precise_truncation_is_three_rounds_of_12_bytes_per_role():
     rounds, received, messages = measure(lambda a, b: a * b, *REALS)
     assert rounds == 3
-    # role 1 receives role 2's half of the product and the dealer's correction (round 1),
-    # role 0's masked bit (round 2) and role 0's reshare (round 3); role 0 receives role 1's
-    # masked bit and reshare; role 2 only deals
-    assert messages == {0: 2, 1: 4, 2: 0}
+    # role 1 receives role 2's half of the product with the dealer's correction (round 1,
+    # one message), role 0's masked bit (round 2) and role 0's reshare (round 3); role 0
+    # receives role 1's masked bit and reshare; role 2 only deals
+    assert messages == {0: 2, 1: 3, 2: 0}
     assert received == {
         0: (NARROW_BYTES + RING_BYTES) * N,
         1: (2 * RING_BYTES + 2 * NARROW_BYTES) * N,
@@ -121,7 +121,7 @@ def test_dot_sends_one_ring_element_per_output_whatever_the_inner_dimension():
     rounds, received, messages = measure(dots, *REALS)
     outputs = 2 * 2 + 1 * 3
     assert rounds == 3
-    assert messages == {0: 2, 1: 4, 2: 0}  # both dots' messages of a round travel as one
+    assert messages == {0: 2, 1: 3, 2: 0}  # both dots' messages of a round travel as one
     assert received == {
         0: (NARROW_BYTES + RING_BYTES) * outputs,
         1: (2 * RING_BYTES + 2 * NARROW_BYTES) * outputs,
@@ -248,12 +248,11 @@ def _revealed(fn: Any) -> Any:
     return program
 
 
-def test_the_dealing_round_hands_on_its_product_masks_to_no_later_round():
-    """The first round deals every truncation's masks (data-independent, so all of them
-    travel in the first message); a later round that uses a mask derives it again from the
-    keystream buffer. So the dealing round has as many outputs for twelve products as for
-    one (an executable with hundreds of outputs is slow to load), and the products are
-    right."""
+def test_each_products_dealing_travels_in_its_own_round_so_longer_chains_add_no_function():
+    """A precise truncation's dealer correction needs nothing received; it travels with the
+    product's half in the round before it is used (one message, of two element types), not
+    in the first round with every other product's. So a chain of twelve products is made
+    of the functions a chain of two is (the rounds repeat, none grows), and is right."""
 
     def chain(k: int) -> Any:
         def fn(a: Any, b: Any) -> Any:
@@ -264,19 +263,19 @@ def test_the_dealing_round_hands_on_its_product_masks_to_no_later_round():
         return fn
 
     x, y = np.float32([1.5, -2.0, 3.0, 0.25]), np.float32([1.25, 0.75, -1.5, 2.0])
-    outputs, got = [], []
+    made = []
     with mp.Simulator(3, timeout=TIMEOUT) as sim:
         a, b = sim.put(0, x), sim.put(1, y)
-        for k in (1, 12):
+        for k in (2, 12):
             program = _revealed(chain(k))
-            dealing = [
-                f for f in sim.compile(program, a, b).graph.functions if "dealer" in f.fn_name
-            ]
-            assert len(dealing) == 1, [f.fn_name for f in dealing]
-            outputs.append(len(dealing[0].outs_info))
-            got.append(sim.fetch(sim.evaluate(program, a, b), party=0))
-    assert outputs[0] == outputs[1] <= 4, outputs
-    np.testing.assert_allclose(got[1], chain(12)(x.astype(np.float64), y), rtol=1e-3, atol=1e-4)
+            functions = {f.digest: f for f in sim.compile(program, a, b).graph.functions}
+            rounds = [f for f in functions.values() if f.fn_name.startswith("mpc.trunc")]
+            made.append((len(functions), sorted((f.fn_name, len(f.outs_info)) for f in rounds)))
+            assert max(len(f.fn_body) for f in rounds) < 4000
+            got = sim.fetch(sim.evaluate(program, a, b), party=0)
+            np.testing.assert_allclose(got, chain(k)(x.astype(np.float64), y), rtol=1e-3, atol=1e-4)
+    assert made[0] == made[1]
+    assert ("mpc.trunc.pair+trunc.dealer", 2) in made[1][1]
 
 
 def test_a_round_hands_on_its_small_values_in_one_vector_per_type():

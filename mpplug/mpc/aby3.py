@@ -339,10 +339,10 @@ class ABY3(Protocol):
         product with role 2 as dealer (Beaver's trick on two private bits, in Z_2^w): role 2
         derives a's mask and c0 with role 0 (key k0) and b's mask with role 1 (key k2), and
         sends role 1 c1 = mask_a mask_b - c0 (uniform to role 1, which lacks k0; independent
-        of the data, so it travels in the program's first round). Roles 0 and 1 swap their
-        masked bits (round 1) and then reshare the two-out-of-two result to replicated shares,
-        each masking its half with a key the other lacks (round 2). Costs (w + k, w + k, w)
-        bits.
+        of the data, so it travels with role 2's half of a product, see `rounds`). Roles 0
+        and 1 swap their masked bits (round 1) and then reshare the two-out-of-two result to
+        replicated shares, each masking its half with a key the other lacks (round 2). Costs
+        (w + k, w + k, w) bits.
         """
         narrow = jnp.uint32 if bits <= 32 else ring.RING
         shape = u.shape

@@ -227,6 +227,16 @@ class Builder:
             "concatenate", values, shape, values[0].dtype, f"dimension = {dimension} : i64"
         )
 
+    def bitcast_convert_type(self, x: Any, dtype: Any) -> Value:
+        """`x`'s bits as `dtype`, with `lax.bitcast_convert_type`'s shapes."""
+        x, dtype = self.value(x), np.dtype(dtype)
+        shape = list(x.shape)
+        if dtype.itemsize < x.dtype.itemsize:
+            shape.append(x.dtype.itemsize // dtype.itemsize)
+        elif dtype.itemsize > x.dtype.itemsize:
+            shape.pop()
+        return self.op("bitcast_convert", [x], shape, dtype)
+
     def convert_element_type(self, x: Any, dtype: Any) -> Value:
         x = self.value(x)
         dtype = np.dtype(dtype)

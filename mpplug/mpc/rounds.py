@@ -3,8 +3,9 @@ split of that program into one fused PFunction per round with SHUFFLEs between t
 
 A protocol writes what every computing party does as one JAX function (SPMD over roles) in
 which `exchange` is the only communication. `record_rounds` schedules each equation into a
-round (exchanges as early as possible, local work as late as possible), packs the messages of
-one round and one route pattern into a single uint64 vector, exports each round's local work
+round (exchanges as early as possible, but those needing nothing received as late as their
+use allows; local work as late as possible), packs the messages of one round and one route
+pattern into a single vector, exports each round's local work
 once and records the CALL and SHUFFLE steps that wire them (see `recording`). A loop of the
 share program (`loop`, made by `loops`) stands between two rounds, like a message.
 """
@@ -92,22 +93,33 @@ def _loop_impl(*args: Any, body: Body, length: int, out: tuple[Any, ...]) -> Any
 
 @dataclass
 class _Message:
-    """The exchanges of one round with one route pattern, sent as one packed vector."""
+    """The exchanges of one round with one route pattern, sent as one packed vector: of
+    their element type, or where they have several, of unsigned words as wide as the
+    narrowest (each value's bits, reinterpreted)."""
 
     level: int
     sources: tuple[int, ...]
-    dtype: Any
+    boolean: bool
     eqns: list[JaxprEqn] = field(default_factory=list)
 
     @property
     def tag(self) -> str:
         return "+".join(dict.fromkeys(e.params["tag"] for e in self.eqns))
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The packed vector's element type."""
+        types = {np.dtype(_aval(e.invars[0]).dtype) for e in self.eqns}
+        if len(types) == 1:
+            return types.pop()
+        return np.dtype(f"uint{8 * min(t.itemsize for t in types)}")
+
     def spans(self) -> dict[Var, tuple[int, int]]:
         """Where each received value lies in the packed vector: (start, size)."""
-        spans, start = {}, 0
+        spans, start, width = {}, 0, self.dtype.itemsize
         for eqn in self.eqns:
-            size = _aval(eqn.invars[0]).size
+            aval = _aval(eqn.invars[0])
+            size = aval.size * np.dtype(aval.dtype).itemsize // width
             spans[eqn.outvars[0]] = (start, size)
             start += size
         return spans
@@ -153,23 +165,67 @@ def plan_rounds(jaxpr: Jaxpr) -> RoundPlan:
         for v in eqn.outvars:
             ready[v] = done
     rounds = max((ready.get(v, 0) for v in jaxpr.outvars if _is_var(v)), default=0)
-    use: dict[Any, int] = {v: rounds for v in jaxpr.outvars if _is_var(v)}
+    outs = [v for v in jaxpr.outvars if _is_var(v)]
+    level = _levels(eqns, asap, rounds, outs, {})
+    level = _levels(eqns, asap, rounds, outs, _deferred(eqns, asap, level))
+    groups: dict[tuple[int, tuple[int, ...], bool], _Message] = {}
+    for i, eqn in enumerate(eqns):
+        if eqn.primitive is exchange_p:
+            key = (level[i], *_route(eqn))
+            groups.setdefault(key, _Message(*key)).eqns.append(eqn)
+    return RoundPlan(eqns, level, list(groups.values()), rounds)
+
+
+def _levels(
+    eqns: list[JaxprEqn], asap: dict[int, int], rounds: int, outs: list[Any], sends: dict[int, int]
+) -> dict[int, int]:
+    """Each equation's round: an exchange's as early as possible (one that needs nothing
+    received: the round `sends` gives it, else the last before its value is used), local
+    work as late as possible."""
+    use: dict[Any, int] = dict.fromkeys(outs, rounds)
     level: dict[int, int] = {}
     for i in reversed(range(len(eqns))):
         eqn = eqns[i]
-        if eqn.primitive in (exchange_p, prf_p, loop_p):
+        if eqn.primitive is exchange_p and asap[i] == 0:
+            first_use = min((use[v] for v in eqn.outvars if v in use), default=1)
+            level[i] = sends.get(i, max(0, first_use - 1))
+        elif eqn.primitive in (exchange_p, prf_p, loop_p):
             level[i] = asap[i]  # randomness comes first, all of it in one batched call
         else:
             level[i] = min((use[v] for v in eqn.outvars if v in use), default=asap[i])
         for u in eqn.invars:
             if _is_var(u):
                 use[u] = min(use.get(u, level[i]), level[i])
-    groups: dict[tuple[int, tuple[int, ...], Any], _Message] = {}
+    return level
+
+
+def _route(eqn: JaxprEqn) -> tuple[tuple[int, ...], bool]:
+    """What an exchange's message is sent with: its sources, and whether it is of booleans
+    (whose bits cannot be reinterpreted as words)."""
+    return eqn.params["sources"], np.dtype(_aval(eqn.invars[0]).dtype) == np.bool_
+
+
+def _deferred(eqns: list[JaxprEqn], asap: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
+    """The rounds of the exchanges that need nothing received (a dealer's correlated
+    randomness, such as a precise truncation's c1), given the latest each can be sent in:
+    the latest round up to that one that sends on the same route anyway, so that it adds
+    no message, else that one. Sent in the first round, as soon as they could be, all their
+    work made that round one function of hundreds of outputs (the MLP step's: 74 KB of
+    StableHLO, 0.3 s to load compiled)."""
+    sending: dict[Any, set[int]] = defaultdict(set)  # route -> the rounds that send on it
+    free = []
     for i, eqn in enumerate(eqns):
         if eqn.primitive is exchange_p:
-            key = (level[i], eqn.params["sources"], _aval(eqn.invars[0]).dtype)
-            groups.setdefault(key, _Message(*key)).eqns.append(eqn)
-    return RoundPlan(eqns, level, list(groups.values()), rounds)
+            if asap[i] > 0:
+                sending[_route(eqn)].add(asap[i])
+            else:
+                free.append(i)
+    chosen = {}
+    for i in sorted(free, key=latest.__getitem__):
+        rounds, last = sending[_route(eqns[i])], latest[i]
+        chosen[i] = max((r for r in rounds if r <= last), default=last)
+        rounds.add(chosen[i])
+    return chosen
 
 
 def _read(env: dict[Any, Any], v: Any) -> Any:
@@ -559,6 +615,7 @@ class LAX:
     slice_in_dim = staticmethod(lax.slice_in_dim)
     reshape = staticmethod(lax.reshape)
     concatenate = staticmethod(lax.concatenate)
+    bitcast_convert_type = staticmethod(lax.bitcast_convert_type)
     convert_element_type = staticmethod(lax.convert_element_type)
     clamp = staticmethod(lax.clamp)
     # clamped into range as XLA does, as `emit.Builder` writes them (jax's default wraps a
@@ -606,7 +663,7 @@ def _segment(
         vectors = args[len(direct) :]
         for v, (index, start, size) in received.items():
             piece = ops.slice_in_dim(vectors[slot[index]], start, start + size)
-            env[v] = ops.reshape(piece, _aval(v).shape)
+            env[v] = ops.reshape(_reinterpreted(ops, piece, _aval(v).dtype), _aval(v).shape)
         if randomness is not None:
             randomness.read(env, views, ops)
         for eqn in eqns:
@@ -615,12 +672,29 @@ def _segment(
         def joined(values: list[Any]) -> Any:  # one flat vector of values of one type
             return ops.concatenate([ops.flat(_read(env, v)) for v in values], 0)
 
+        def packed(message: _Message) -> Any:
+            values = [ops.flat(_read(env, e.invars[0])) for e in message.eqns]
+            words = [ops.flat(_reinterpreted(ops, x, message.dtype)) for x in values]
+            return ops.concatenate(words, 0)
+
         kept = [_read(env, v) for v in keep]
         bundles = [joined(group) for group in packs]
-        out = [joined([e.invars[0] for e in m.eqns]) for m in sends]
+        out = [packed(m) for m in sends]
         return (*kept, *bundles, *out)
 
     return segment
+
+
+def _reinterpreted(ops: Any, x: Any, dtype: Any) -> Any:
+    """The flat `x` as `dtype` words of the same bits: a narrower type's words (one more
+    axis), or a wider type's from narrower words read in order."""
+    have, want = np.dtype(x.dtype), np.dtype(dtype)
+    if have == want:
+        return x
+    if want.itemsize < have.itemsize:
+        return ops.bitcast_convert_type(x, want)
+    ratio = want.itemsize // have.itemsize
+    return ops.bitcast_convert_type(ops.reshape(x, (x.shape[0] // ratio, ratio)), want)
 
 
 def _dependencies(eqns: list[JaxprEqn], targets: list[Any]) -> list[JaxprEqn]:
