@@ -669,17 +669,13 @@ def _segment(
         for eqn in eqns:
             ops.bind(eqn, env)
 
-        def joined(values: list[Any]) -> Any:  # one flat vector of values of one type
-            return ops.concatenate([ops.flat(_read(env, v)) for v in values], 0)
-
-        def packed(message: _Message) -> Any:
-            values = [ops.flat(_read(env, e.invars[0])) for e in message.eqns]
-            words = [ops.flat(_reinterpreted(ops, x, message.dtype)) for x in values]
-            return ops.concatenate(words, 0)
+        def joined(values: list[Any], dtype: Any) -> Any:  # one flat vector of `dtype` words
+            flat = [ops.flat(_read(env, v)) for v in values]
+            return ops.concatenate([ops.flat(_reinterpreted(ops, x, dtype)) for x in flat], 0)
 
         kept = [_read(env, v) for v in keep]
-        bundles = [joined(group) for group in packs]
-        out = [packed(m) for m in sends]
+        bundles = [joined(group, _aval(group[0]).dtype) for group in packs]
+        out = [joined([e.invars[0] for e in m.eqns], m.dtype) for m in sends]
         return (*kept, *bundles, *out)
 
     return segment
