@@ -24,6 +24,7 @@ from mpplug.kernels import KernelRuntime, invoke, jax_exec
 from mpplug.kernels import prepare as prepare_module
 from mpplug.kernels.compile_cache import SUFFIX, DiskCache, cache_key, disk_cache
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
+from mpplug.mpc import emit, trace_cache
 
 REPO = Path(__file__).resolve().parent.parent
 X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
@@ -75,6 +76,7 @@ SECURE_PROGRAM = textwrap.dedent(
     import mpplug as mp
     from mpplug.kernels import jax_exec
     from mpplug.kernels.compile_cache import disk_cache
+    from mpplug.mpc import emit
 
     @mp.function
     def prog(x):
@@ -87,6 +89,7 @@ SECURE_PROGRAM = textwrap.dedent(
     stats = disk_cache().stats
     print(json.dumps({"got": got.tolist(), "hits": stats.hits, "writes": stats.writes,
                       "misses": stats.misses, "refused": stats.refused,
+                      "written": len(emit._WRITTEN),
                       "lapack": jax_exec._lapack_ready.cache_info().currsize}))
     """
 )
@@ -118,7 +121,42 @@ def test_a_second_process_reuses_the_first_ones_executables_and_traces(tmp_path:
     # everything the first wrote is found: each executable, and the traced share program
     assert second["writes"] == 0 and second["misses"] == 0
     assert second["hits"] == first["writes"] == len(entries(folder))
+    # nothing is written again: neither the rounds nor the seal's and reveal's own functions
+    assert second["written"] == 0 < first["written"]
     assert second["lapack"] == 0  # no custom calls: LAPACK (scipy.linalg, 70 ms) not loaded
+
+
+def test_a_seal_and_a_reveal_are_traced_once_per_type_and_encoding(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(trace_cache, "_FUNCTIONS", LRUCache(DEFAULT_CACHE_SIZE))
+    traced: list[str] = []
+    write = emit.jaxpr_function
+    monkeypatch.setattr(
+        emit, "jaxpr_function", lambda name, *a: traced.append(name) or write(name, *a)
+    )
+
+    def square_plus_one(frac_bits: int) -> Any:
+        def prog(x):
+            sealed = mp.mpc.seal(x, frac_bits=frac_bits)
+            return mp.mpc.reveal(mp.mpc.run(lambda a: a * a + 1.0, sealed), to=0)
+
+        return mp.function(prog)
+
+    x = np.linspace(-2, 2, 12).reshape(3, 4)
+    with mp.Simulator(3) as sim:
+        for frac_bits, new in ((18, {"context", "split", "lambda", "combine"}), (18, set())):
+            got = sim.fetch(sim.evaluate(square_plus_one(frac_bits), sim.put(0, x)), party=0)
+            np.testing.assert_allclose(got, x * x + 1, atol=1e-3)
+            assert set(traced) == new, frac_bits
+            traced.clear()
+        got = sim.fetch(sim.evaluate(square_plus_one(12), sim.put(0, x)), party=0)
+        np.testing.assert_allclose(got, x * x + 1, atol=3e-2)
+        assert sorted(traced) == ["combine", "split"]  # another encoding and decoding
+        traced.clear()
+        got = sim.fetch(sim.evaluate(square_plus_one(12), sim.put(0, x[:2])), party=0)
+        assert sorted(traced) == ["combine", "lambda", "split"]  # another shape
+    np.testing.assert_allclose(got, x[:2] ** 2 + 1, atol=3e-2)
 
 
 LAPACK_PROGRAM = textwrap.dedent(

@@ -21,7 +21,7 @@ input and output); two colluding parties learn everything. See docs/mpc.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -42,7 +42,7 @@ from mpplug.frontend.primitives import (
 )
 from mpplug.frontend.tracer import TracedValue, current_builder
 from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction
-from mpplug.mpc import emit, ring
+from mpplug.mpc import emit, ring, trace_cache
 from mpplug.mpc.prf import KEY_WORDS, blocks_for, prf, stream_view
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.rounds import exchange
@@ -122,22 +122,33 @@ def _compress_even(x: jnp.ndarray, width: int) -> jnp.ndarray:
     return x
 
 
-def _local(fn: Callable[..., Any], *args: TracedValue, at: int | None = None) -> Any:
+def _local(
+    fn: Callable[..., Any], *args: TracedValue, recipe: Hashable, at: int | None = None
+) -> Any:
     """`fn` run (with 64-bit types) where all of `args` are held, or at party `at`: a module
     written from its jaxpr by `emit` (a few ms), or where that cannot be, exported by
-    `jax.export` (tens of ms)."""
+    `jax.export` (tens of ms). `recipe` names all `fn` computes besides its arguments' types:
+    the module is kept by it (`trace_cache.local_function`), and not traced again."""
     types = [a.type for a in args]
     assert all(isinstance(t, TensorType) for t in types), types  # shares are tensors
-    specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in types]  # type: ignore[union-attr]
-    with jax.enable_x64(True):
-        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*specs)
-        platforms = current_builder("mpc").platforms
-        try:
-            pfunc = emit.jaxpr_function(function_name(fn), closed, platforms)
-        except emit.Unemittable:
-            return run_jax(fn, *args) if at is None else run_jax_at(at, fn, *args)
+    platforms = current_builder("mpc").platforms
+
+    def make() -> trace_cache.Local | None:
+        specs = [jax.ShapeDtypeStruct(t.shape, t.dtype.numpy) for t in types]  # type: ignore[union-attr]
+        with jax.enable_x64(True):
+            closed, shape = jax.make_jaxpr(fn, return_shape=True)(*specs)
+            try:
+                pfunc = emit.jaxpr_function(function_name(fn), closed, platforms)
+            except emit.Unemittable:
+                return None
+        return pfunc, isinstance(shape, jax.ShapeDtypeStruct)
+
+    found = trace_cache.local_function(recipe, types, platforms, make)
+    if found is None:
+        return run_jax(fn, *args) if at is None else run_jax_at(at, fn, *args)
+    pfunc, single = found
     outs = run_pfunc(pfunc, *args, parties=None if at is None else [at])
-    return jax.tree.unflatten(jax.tree.structure(shape), outs)
+    return outs[0] if single else outs
 
 
 class ABY3(Protocol):
@@ -156,11 +167,17 @@ class ABY3(Protocol):
         def context(rank: jnp.ndarray, mine: jnp.ndarray, theirs: jnp.ndarray) -> Any:
             return jnp.asarray(roles)[rank], jnp.stack([mine, theirs])
 
-        role, keys = _local(context, prank(parties=list(parties)), own, following)
+        role, keys = _local(
+            context,
+            prank(parties=list(parties)),
+            own,
+            following,
+            recipe=("context", *roles.tolist()),
+        )
         return [role, keys]
 
     def share(
-        self, x: TracedValue, owner: int, parties: Sequence[int], encode: Callable[[Any], Any]
+        self, x: TracedValue, owner: int, parties: Sequence[int], encode: ring.Encoding
     ) -> TracedValue:
         keys = prand((2, KEY_WORDS), parties=[owner])  # fresh keys of x0's and x1's streams
         count = blocks_for(x.shape)
@@ -174,7 +191,7 @@ class ABY3(Protocol):
             parts = [x0, x1, v - x0 - x1]
             return [jnp.stack([parts[i], parts[(i + 1) % 3]]) for i in range(3)]
 
-        pairs = _local(split, x, words, at=owner)
+        pairs = _local(split, x, words, at=owner, recipe=("split", encode, count))
         placed = [
             pair if party == owner else shuffle_static(pair, {party: owner})
             for party, pair in zip(parties, pairs, strict=True)
@@ -187,9 +204,9 @@ class ABY3(Protocol):
         boolean: bool,
         parties: Sequence[int],
         to: Sequence[int],
-        decode: Callable[[Any], Any],
+        decode: ring.Decoding,
     ) -> TracedValue:
-        first = _local(lambda s: s[0], shares)
+        first = _local(lambda s: s[0], shares, recipe="first")
         missing: dict[int | str, int | str] = {}
         pair_from: dict[int | str, int | str] = {}
         for t in to:
@@ -206,7 +223,7 @@ class ABY3(Protocol):
             value = pair[0] ^ pair[1] ^ third if boolean else pair[0] + pair[1] + third
             return decode(value)
 
-        return _local(combine, pair, third)
+        return _local(combine, pair, third, recipe=("combine", boolean, decode))
 
     # -- inside a share program --------------------------------------------------------------
 

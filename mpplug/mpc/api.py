@@ -103,12 +103,6 @@ def _computing_parties(
     return ranks
 
 
-def _encoder(dtype: np.dtype[Any], frac_bits: int) -> Callable[[Any], Any]:
-    if is_float(dtype):
-        return lambda v: ring.encode(v, frac_bits)
-    return ring.to_ring
-
-
 def seal(
     x: Any,
     parties: Sequence[int | str] | None = None,
@@ -163,7 +157,7 @@ def seal(
         (owner,) = value.parties
         dtype = value.dtype.numpy
         range_check = None
-        encode = _encoder(dtype, frac_bits)
+        encode = ring.Encoding()
         if is_float(dtype):
             label = (
                 f"{at} ({value.type} from {format_parties(value.parties)}; fixed point with "
@@ -171,7 +165,7 @@ def seal(
             )
             limit = fixed_point_limit(frac_bits)
             range_check = _range_check(check_range_pfunction(value.type, limit, label), value)
-            encode = _within(encode, limit)
+            encode = ring.Encoding(frac_bits, limit)
         shares = proto.share(value, owner, ranks, encode)
         sealed.append(
             Sealed(
@@ -186,12 +180,6 @@ def seal(
             )
         )
     return jax.tree.unflatten(tree, sealed)
-
-
-def _within(encode: Callable[[Any], Any], limit: float) -> Callable[[Any], Any]:
-    """`encode` with reals fixed point cannot hold taken as 0: a computation that reads them
-    fails on the owner's range check first."""
-    return lambda v: encode(jnp.where(jnp.abs(v) < limit, v, 0))
 
 
 def _range_check(check: PFunction, value: TracedValue) -> Callable[[], None]:
@@ -417,19 +405,7 @@ def reveal(x: Any, to: int | str | Sequence[int | str] | None = None) -> Any:
             raise TraceError(f"{where}: leaf {i} is {type(leaf).__name__}, not a sealed value")
         shares = builder.value(leaf.checked().shares, f"{where} leaf {i}")
         targets = leaf.parties if to is None else builder.resolve_parties(to, where)
-        dtype, frac_bits, boolean = leaf.dtype, leaf.frac_bits, leaf.boolean
-
-        def decode(
-            v: Any, dtype: Any = dtype, frac_bits: int = frac_bits, boolean: bool = boolean
-        ) -> Any:
-            if boolean:
-                return (v & np.uint64(1)).astype(dtype)
-            if is_float(dtype):
-                return ring.decode(v, frac_bits, dtype)
-            if dtype == np.bool_:
-                return v != 0
-            return v.astype(jnp.int64).astype(dtype)
-
+        decode = ring.Decoding(np.dtype(leaf.dtype), leaf.frac_bits, leaf.boolean)
         proto = _protocol(leaf.protocol, where)
-        opened.append(proto.open(shares, boolean, leaf.parties, sorted(targets), decode))
+        opened.append(proto.open(shares, leaf.boolean, leaf.parties, sorted(targets), decode))
     return jax.tree.unflatten(tree, opened)

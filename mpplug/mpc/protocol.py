@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from mpplug.frontend.tracer import TracedValue
+from mpplug.mpc import ring
 
 Shares = jnp.ndarray
 """One party's local shares of a tensor, as the protocol lays them out (ring dtype)."""
@@ -67,7 +68,7 @@ class Protocol(ABC):
 
     @abstractmethod
     def share(
-        self, x: TracedValue, owner: int, parties: Sequence[int], encode: Callable[[Any], Any]
+        self, x: TracedValue, owner: int, parties: Sequence[int], encode: ring.Encoding
     ) -> TracedValue:
         """Shares of `encode(x)` (a ring array) held by `owner`, among `parties`."""
 
@@ -78,7 +79,7 @@ class Protocol(ABC):
         boolean: bool,
         parties: Sequence[int],
         to: Sequence[int],
-        decode: Callable[[Any], Any],
+        decode: ring.Decoding,
     ) -> TracedValue:
         """The plaintext `decode(value)` at the parties `to`, and nowhere else."""
 

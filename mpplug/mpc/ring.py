@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax.numpy as jnp
@@ -42,6 +43,44 @@ def encode(x: Any, frac_bits: int) -> jnp.ndarray:
 def decode(x: jnp.ndarray, frac_bits: int, dtype: Any) -> jnp.ndarray:
     """Ring elements read as signed fixed point, as `dtype` reals."""
     return (x.astype(jnp.int64).astype(jnp.float64) / (2.0**frac_bits)).astype(dtype)
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How an owner's values become ring elements: reals in fixed point with `frac_bits`
+    fraction bits, those with |v| >= `limit` taken as 0 (a computation that reads them fails
+    on the owner's range check first); integers and bools (`frac_bits` None) as they are.
+    Equal encodings compute the same, so what is traced from one is kept for the other."""
+
+    frac_bits: int | None = None
+    limit: float | None = None
+
+    def __call__(self, v: Any) -> jnp.ndarray:
+        if self.frac_bits is None:
+            return to_ring(v)
+        if self.limit is not None:
+            v = jnp.where(jnp.abs(v) < self.limit, v, 0)
+        return encode(v, self.frac_bits)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How opened ring elements become `dtype` values: bit 0 of boolean shares' value, reals
+    read as fixed point with `frac_bits` fraction bits, bools as nonzero, integers wrapped to
+    their width."""
+
+    dtype: np.dtype[Any]
+    frac_bits: int
+    boolean: bool = False
+
+    def __call__(self, v: Any) -> jnp.ndarray:
+        if self.boolean:
+            return (v & np.uint64(1)).astype(self.dtype)
+        if jnp.issubdtype(self.dtype, jnp.floating):
+            return decode(v, self.frac_bits, self.dtype)
+        if self.dtype == np.bool_:
+            return v != 0
+        return v.astype(jnp.int64).astype(self.dtype)
 
 
 def arshift(x: jnp.ndarray, bits: int) -> jnp.ndarray:

@@ -1,5 +1,7 @@
 """Traced share programs kept in the persistent compile cache, so that a process tracing an
-`mp.mpc.run` another process traced before skips the share program and its rounds' exports.
+`mp.mpc.run` another process traced before skips the share program and its rounds' exports;
+and the protocols' own local functions (sharing an input, opening a result), kept in this
+process and on disk by the recipe that names what they compute.
 
 The key covers everything the recording is made from: the user's jaxpr (its text and
 constants), the inputs, the fixed-point and protocol settings, the computing parties, the
@@ -10,14 +12,16 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
 from jax.extend.core import ClosedJaxpr
 
+from mpplug.core import PFunction, ValueType
 from mpplug.kernels.compile_cache import arrays_digest, cache_key, disk_cache, source_digest
 from mpplug.kernels.jax_exec import jaxlib_version
+from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
 from mpplug.mpc.recording import Recording
 
 log = logging.getLogger("mpplug")
@@ -61,3 +65,52 @@ def store(key: bytes, recording: Recording) -> None:
     disk = disk_cache()
     if disk is not None:
         disk.put(key, recording.to_bytes())
+
+
+Local = tuple[PFunction, bool]
+"""A protocol's local function, and whether it gives one result (else a list of them)."""
+
+FUNCTIONS_BYTES = 16 << 20
+_FUNCTIONS: LRUCache[tuple[Any, ...], Local] = LRUCache(
+    DEFAULT_CACHE_SIZE, weigh=lambda f: len(f[0].fn_body), max_weight=FUNCTIONS_BYTES
+)
+
+
+def local_function(
+    recipe: Hashable,
+    types: Sequence[ValueType],
+    platforms: Sequence[str] | None,
+    make: Callable[[], Local | None],
+) -> Local | None:
+    """The function a protocol traced for `recipe` (a value whose repr names everything it
+    computes besides its arguments' `types`) on `platforms`: kept from an earlier call in this
+    process or another one, else `make()`'s (None: nothing to keep)."""
+    memo_key = (recipe, tuple(types), platforms)
+    found = _FUNCTIONS.get(memo_key)
+    if found is not None:
+        return found
+    key = cache_key(
+        "mpc.local",
+        FORMAT,
+        source_digest(),
+        jax.__version__,
+        jaxlib_version(),
+        repr(recipe),
+        repr(list(types)),
+        repr(platforms),
+    )
+    disk = disk_cache()
+    payload = disk.get(key) if disk is not None else None
+    if payload is not None:
+        try:
+            found = PFunction.from_bytes(payload[1:]), payload[:1] == b"1"
+        except Exception as exc:  # an entry from an older format: rebuilt
+            log.warning("mpplug compile cache: ignoring a local function (%s)", exc)
+    if found is None:
+        found = make()
+        if found is None:
+            return None
+        if disk is not None:
+            disk.put(key, (b"1" if found[1] else b"0") + found[0].to_bytes())
+    _FUNCTIONS.put(memo_key, found)
+    return found
