@@ -204,9 +204,10 @@ class Simulator(Cluster):
         timeline = self._timeline
         recorders = [Recorder(party.rank) if timeline else None for party in self._parties]
         digest = program.digest
-        # decoded from its bytes once, as each party would decode them
+        # decoded from its bytes once, as each party would decode them (bytes the program's
+        # own graph wrote: canonical, so its digest is not written again)
         loading = not all(party.has_program(digest) for party in self._parties)
-        graph = Graph.from_bytes(program.to_bytes()) if loading else None
+        graph = Graph.from_bytes(program.to_bytes(), canonical=True) if loading else None
         with self._submit_lock:
             futures = [
                 worker.submit(
@@ -248,7 +249,7 @@ class Simulator(Cluster):
             digest = program.digest
             if not party.has_program(digest):
                 if graph is None:  # evicted since `_run` looked: decode it again
-                    graph = Graph.from_bytes(program.to_bytes())
+                    graph = Graph.from_bytes(program.to_bytes(), canonical=True)
                 party.load_graph(graph, digest)
             inputs = [store.get(name) for name in in_names]
             outputs = party.execute(digest, exec_id, inputs, self.timeout, recorder)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import mpplug as mp
+from mpplug.core import graph as graph_module
 from mpplug.core.graph import Graph
 from mpplug.errors import InvalidProgramError, TraceError
 
@@ -52,6 +53,21 @@ def test_program_bytes_round_trip_to_an_equal_graph():
     assert decoded.digest == program.digest
     assert decoded.input_types == [(F32x3, {0}), (F32x3, {1})]
     assert decoded.output_types == [(F32x3, {0})]
+
+
+def test_canonical_bytes_decode_to_a_graph_that_keeps_them_and_others_are_written_again(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    program = mp.compile(scaled_sum, at(0), at(1), world_size=2)
+    data = program.to_bytes()
+    writes: list[Graph] = []
+    write = graph_module._to_proto
+    monkeypatch.setattr(graph_module, "_to_proto", lambda g: writes.append(g) or write(g))
+    kept = Graph.from_bytes(data, canonical=True)
+    assert kept == program.graph and kept.to_bytes() == data
+    assert kept.digest == program.digest and writes == []  # not written again
+    decoded = Graph.from_bytes(data)  # as a party server decodes: written again, checked
+    assert decoded.digest == program.digest and writes == [decoded]
 
 
 def test_static_arguments_are_baked_into_the_program():

@@ -77,8 +77,12 @@ class Graph(Block):
         return hashlib.sha256(self._bytes).hexdigest()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Graph:
-        """Decode and validate; raises InvalidProgramError saying what is wrong and where."""
+    def from_bytes(cls, data: bytes, canonical: bool = False) -> Graph:
+        """Decode and validate; raises InvalidProgramError saying what is wrong and where.
+
+        With `canonical`, the caller vouches that `data` is a graph's own `to_bytes()` (a
+        simulator decoding a program it holds): the graph keeps them as its canonical bytes
+        instead of writing them again for its digest. Bytes from elsewhere never are."""
         msg = pb.Graph()
         try:
             msg.ParseFromString(bytes(data))
@@ -86,7 +90,10 @@ class Graph(Block):
             raise InvalidProgramError(
                 f"program bytes ({len(data)}) do not decode as a Graph: {exc}"
             ) from None
-        return _from_proto(msg)
+        graph = _from_proto(msg)
+        if canonical:
+            graph.__dict__["_bytes"] = bytes(data)  # the cached_property's value, given
+        return graph
 
     def ir(self) -> str:
         """Readable text, one op a line, regions indented, in the spirit of a jaxpr."""
