@@ -311,6 +311,45 @@ def test_float_sums_that_could_round_are_not_run() -> None:
         interpreted.call(plan, [small * 2.0**20, small.T[:, :3].copy()])
 
 
+def _chunk_product(width: int) -> Callable[[Any, Any], Any]:
+    """Ring products as mp.mpc writes them: `width`-bit chunks of uint64 words (a mask, then
+    a conversion to f64), multiplied in f64."""
+    mask = np.uint64((1 << width) - 1)
+
+    def product(a: Any, b: Any) -> Any:
+        chunk_a = ((a >> np.uint64(7)) & mask).astype(jnp.float64)
+        chunk_b = jnp.reshape(b & mask, (16, 3)).astype(jnp.float64)
+        return chunk_a @ chunk_b
+
+    return product
+
+
+@pytest.mark.parametrize("width", [24, 26])
+def test_float_sums_of_chunks_the_plan_bounds_are_run_unchecked(
+    width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """24-bit chunks summed 16 at a time stay below 2^52: exact whatever their values, so no
+    call reads them to check. 26-bit ones could reach 2^56: each call checks its operands,
+    and runs the sum only where they are small enough."""
+    calls: list[int] = []
+    check = interpreted._check_exact
+    monkeypatch.setattr(interpreted, "_check_exact", lambda *a: calls.append(1) or check(*a))
+    product = _chunk_product(width)
+    plan = interpreted.plan_serialized(_export(product, A64, B64).mlir_module_serialized)
+    big = (RNG.integers(0, 2**63, (5, 16), dtype=np.uint64) * np.uint64(2), B64 | (1 << 40))
+    small = (RNG.integers(0, 2**26, (5, 16), dtype=np.uint64) << np.uint64(7), B64 >> 40)
+    for a, b in (big, small) if width == 24 else (small,):
+        _same_as_xla(product, a, b)
+    assert calls == ([] if width == 24 else [1])
+    if width == 26:
+        with pytest.raises(interpreted.NotExact, match="may round"):
+            interpreted.call(plan, list(big))
+
+
+A64 = np.zeros((5, 16), np.uint64)
+B64 = np.random.default_rng(7).integers(0, 2**63, (48,), dtype=np.uint64)
+
+
 @pytest.mark.parametrize(
     ("fn", "what"),
     [

@@ -243,11 +243,32 @@ class _Block:
         self.known: dict[int, Any] = {}
         self.steps: list[tuple[Fn, tuple[int, ...], int | tuple[int, ...]]] = []
         self.results: tuple[int, ...] = ()
+        self.bounds: dict[int, float] = {}
+        """Slots whose elements are known while planning to be integers of magnitude at most
+        the bound (whatever the element type), from the ops in `_BOUNDS`."""
 
     def slot(self, value: ir.Value) -> int:
         found = self.slots.get(value)
         if found is None:
             found = self.slots[value] = len(self.slots)
+        return found
+
+    def bound(self, value: ir.Value) -> float | None:
+        """B such that every element of `value` is an integer with |v| <= B, where planning
+        knows one: an integer type's range, a constant's largest element, or `_BOUNDS`."""
+        slot = self.slot(value)
+        found = self.bounds.get(slot)
+        if found is not None:
+            return found
+        if slot in self.known:
+            found = _constant_bound(np.asarray(self.known[slot]))
+        else:
+            _, dtype = _tensor(value)
+            if dtype.kind in "iu":
+                info = np.iinfo(dtype)
+                found = _at_least(max(-int(info.min), int(info.max)))
+        if found is not None:
+            self.bounds[slot] = found
         return found
 
     def build(self) -> Plan:
@@ -275,6 +296,11 @@ class _Block:
         outs = tuple([slot(r) for r in results])
         out: int | tuple[int, ...] = outs[0] if len(outs) == 1 else outs
         known = self.known
+        rule = _BOUNDS.get(name)
+        if rule is not None and isinstance(out, int):
+            found = rule(self, op)
+            if found is not None:
+                self.bounds[out] = found
         if all(i in known for i in ins) and name not in _NOT_FOLDED:
             with np.errstate(all="ignore"):
                 value = fn(*[known[i] for i in ins])
@@ -303,6 +329,65 @@ class _Block:
         constants = tuple((s, v) for s, v in self.known.items() if s in used)
         weight = sum(_held_bytes(v) for _, v in constants) + STEP_BYTES * len(steps)
         return Plan(len(self.slots), constants, params, tuple(steps), self.results, weight)
+
+
+def _constant_bound(value: Array) -> float | None:
+    """The largest magnitude of a constant whose elements are all integers, else None."""
+    if value.size == 0:
+        return 0.0
+    value = value[tuple(slice(0, 1) if step == 0 else slice(None) for step in value.strides)]
+    if value.dtype.kind in "iu":
+        return _at_least(max(int(value.max()), -int(value.min())))
+    if value.dtype.kind == "f" and np.array_equal(value, np.trunc(value)):
+        return float(np.max(np.abs(value)))
+    return None
+
+
+def _at_least(n: int) -> float:
+    """The float nearest n that is not below it."""
+    found = float(n)
+    return found if found >= n else math.nextafter(found, math.inf)
+
+
+def _same_bound(block: _Block, op: ir.Operation) -> float | None:
+    """Ops that only move, copy or pick elements: the operands' bound."""
+    bounds = [block.bound(v) for v in op.operands]
+    return None if None in bounds else max(bounds)  # type: ignore[type-var]
+
+
+def _and_bound(block: _Block, op: ir.Operation) -> float | None:
+    """x & c of unsigned integers is at most c."""
+    _, dtype = _result(op)
+    if dtype.kind != "u":
+        return None
+    bounds = [b for v in op.operands if (b := block.bound(v)) is not None]
+    return min(bounds) if bounds else None
+
+
+def _convert_bound(block: _Block, op: ir.Operation) -> float | None:
+    """Integers converted to a type that holds each exactly keep their bound."""
+    _, source = _tensor(op.operands[0])
+    _, target = _result(op)
+    found = block.bound(op.operands[0])
+    if found is None or target.kind not in "iuf":
+        return None
+    if target.kind == "f":
+        return found if source.kind in "iuf" and found <= _exact_bound(target) else None
+    info = np.iinfo(target)
+    return found if source.kind in "iu" and found <= min(-int(info.min), int(info.max)) else None
+
+
+_BOUNDS: dict[str, Callable[[_Block, ir.Operation], float | None]] = {
+    **{
+        f"stablehlo.{name}": _same_bound
+        for name in ("reshape", "transpose", "broadcast_in_dim", "slice", "reverse", "concatenate")
+    },
+    "stablehlo.and": _and_bound,
+    "stablehlo.convert": _convert_bound,
+}
+"""How an op's result is bounded (see `_Block.bound`): what lets a float sum of chunks of
+ring elements (each below 2^c by its mask, converted to f64) run with no check that it is
+exact, as `_check_exact` makes of sums it cannot bound."""
 
 
 def _held_bytes(value: Any) -> int:
@@ -678,6 +763,18 @@ def _exact_bound(dtype: np.dtype) -> float:
     return float(2 ** (np.finfo(dtype).nmant + 1))
 
 
+def _exact_as_planned(block: _Block, op: ir.Operation, terms: int, dtype: np.dtype) -> bool:
+    """Whether every sum of `terms` products of the op's operands is exact in `dtype` by the
+    operands' bounds alone (`_Block.bound`), so no call needs `_check_exact`."""
+    product = float(max(terms, 1))
+    for value in op.operands:
+        found = block.bound(value)
+        if found is None:
+            return False
+        product *= found
+    return terms <= _exact_bound(dtype) and product <= _exact_bound(dtype)
+
+
 def _check_exact(terms: int, *arrays: Array) -> None:
     """Raise NotExact unless sums of `terms` products of these float arrays are exact.
 
@@ -728,10 +825,11 @@ def _dot_general(block: _Block, op: ir.Operation) -> Fn:
     )
     spec = f"{''.join(lhs)},{''.join(rhs)}->{''.join(out)}"
     terms = int(np.prod([lhs_shape[d] for d in lhs_contract]))
+    checked = dtype.kind == "f" and not _exact_as_planned(block, op, terms, dtype)
 
     def dot_general(x: Array, y: Array) -> Array:
         x, y = np.asarray(x, dtype), np.asarray(y, dtype)
-        if dtype.kind == "f":
+        if checked:
             _check_exact(terms, x, y)
             return np.einsum(spec, x, y, optimize=True).astype(dtype)
         return np.einsum(spec, x, y).astype(dtype)
@@ -953,11 +1051,12 @@ def _convolution(block: _Block, op: ir.Operation) -> Fn:
     from_nchw = list(np.argsort(out_order))
     window = [kernel_shape[d] for d in numbers.kernel_spatial_dimensions]
     terms = int(np.prod(window)) * kernel_shape[numbers.kernel_input_feature_dimension]
+    checked = dtype.kind == "f" and not _exact_as_planned(block, op, terms, dtype)
 
     def convolution(x: Array, k: Array) -> Array:
         x = np.asarray(x, dtype).transpose(to_nchw)
         k = np.asarray(k, dtype).transpose(to_oihw)
-        if dtype.kind == "f":
+        if checked:
             _check_exact(terms, x, k)
         n, c = x.shape[:2]
         # lhs dilation, then padding (negative crops): the padded input the window slides on
