@@ -159,6 +159,31 @@ def test_a_seal_and_a_reveal_are_traced_once_per_type_and_encoding(
     np.testing.assert_allclose(got, x[:2] ** 2 + 1, atol=3e-2)
 
 
+def test_a_protocols_local_function_is_read_back_and_a_bad_entry_is_rebuilt(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    pfunc = mp.jax_export(f, X, X)[0]
+    made: list[mp.PFunction] = []
+
+    def make() -> tuple[mp.PFunction, bool]:
+        made.append(pfunc)
+        return pfunc, True
+
+    def kept() -> Any:  # as a new process would find it: nothing in memory
+        monkeypatch.setattr(trace_cache, "_FUNCTIONS", LRUCache(DEFAULT_CACHE_SIZE))
+        return trace_cache.local_function(("test", "square"), pfunc.ins_info, None, make)
+
+    before = set(entries(folder))
+    assert kept() == (pfunc, True) and len(made) == 1
+    assert kept() == (pfunc, True) and len(made) == 1  # read back from the folder
+    (entry,) = set(entries(folder)) - before
+    disk_cache().put(bytes.fromhex(entry.name[: -len(SUFFIX)]), b"1not a function")
+    with caplog.at_level(logging.WARNING, logger="mpplug"):
+        assert kept() == (pfunc, True) and len(made) == 2  # whole but not one: made again
+    assert "ignoring a local function" in caplog.text
+    assert kept() == (pfunc, True) and len(made) == 2  # and stored again, whole
+
+
 LAPACK_PROGRAM = textwrap.dedent(
     """
     import json

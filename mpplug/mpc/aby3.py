@@ -143,7 +143,7 @@ def _local(
                 return None
         return pfunc, isinstance(shape, jax.ShapeDtypeStruct)
 
-    found = trace_cache.local_function(recipe, types, platforms, make)
+    found = trace_cache.local_function((ABY3.name, recipe), types, platforms, make)
     if found is None:
         return run_jax(fn, *args) if at is None else run_jax_at(at, fn, *args)
     pfunc, single = found

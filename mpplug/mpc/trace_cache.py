@@ -83,8 +83,9 @@ def local_function(
     make: Callable[[], Local | None],
 ) -> Local | None:
     """The function a protocol traced for `recipe` (a value whose repr names everything it
-    computes besides its arguments' `types`) on `platforms`: kept from an earlier call in this
-    process or another one, else `make()`'s (None: nothing to keep)."""
+    computes besides its arguments' `types`, the protocol's name first) on `platforms`: kept
+    from an earlier call in this process or another one, else `make()`'s (None: nothing to
+    keep)."""
     memo_key = (recipe, tuple(types), platforms)
     found = _FUNCTIONS.get(memo_key)
     if found is not None:
