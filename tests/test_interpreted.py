@@ -346,6 +346,27 @@ def test_float_sums_of_chunks_the_plan_bounds_are_run_unchecked(
             interpreted.call(plan, list(big))
 
 
+def test_a_constant_is_read_once_for_the_modules_a_context_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[tuple[int, ...]] = []
+    read = interpreted._dense_value
+    monkeypatch.setattr(
+        interpreted, "_dense_value", lambda d, shape, t: reads.append(shape) or read(d, shape, t)
+    )
+    monkeypatch.setattr(interpreted._contexts, "uses", interpreted.CONTEXT_USES, raising=False)
+    table = np.arange(12, dtype=np.uint64).reshape(3, 4)  # planning starts a new context
+    for scale in (3, 5):
+        plan = interpreted.plan_serialized(
+            _export(
+                lambda x, s=scale: (x & np.uint64(255)) * np.uint64(s) + table, A64[:3, :4]
+            ).mlir_module_serialized
+        )
+        x = np.full((3, 4), 1000, np.uint64)
+        assert np.array_equal(interpreted.call(plan, [x])[0], (x & 255) * scale + table)
+    assert sorted(reads) == [(), (), (), (3, 4)]  # the mask and the table once, each scale
+
+
 A64 = np.zeros((5, 16), np.uint64)
 B64 = np.random.default_rng(7).integers(0, 2**63, (48,), dtype=np.uint64)
 

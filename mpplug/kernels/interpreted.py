@@ -144,7 +144,7 @@ def plan(module: ir.Module) -> Plan:
     `Unsupported`)."""
     if getattr(_contexts, "typed", None) is not module.context:  # `_tensor`'s types: its own
         _contexts.typed, _contexts.types = module.context, {}
-        _contexts.checked, _contexts.ints = set(), {}
+        _contexts.checked, _contexts.ints, _contexts.constants = set(), {}, {}
     funcs = {}
     for op in module.body.operations:
         if op.operation.name != "func.func":
@@ -609,11 +609,21 @@ def _round_away(block: _Block, op: ir.Operation) -> Fn:
 
 @_handles("constant")
 def _constant(block: _Block, op: ir.Operation) -> Fn:
-    shape, dtype = _result(op)
+    """The value, read once per attribute of the context `plan` runs in (attributes, their
+    type included, are unique within a context, and a module's rounds repeat their masks)."""
     attr = op.attributes["value"]
     if not isinstance(attr, ir.DenseElementsAttr):
         raise Unsupported(f"constant {attr}")
-    dense = ir.DenseElementsAttr(attr)
+    constants = _contexts.constants
+    value = constants.get(attr)
+    if value is None:
+        value = constants[attr] = _dense_value(ir.DenseElementsAttr(attr), *_result(op))
+    return lambda: value
+
+
+def _dense_value(dense: Any, shape: tuple[int, ...], dtype: np.dtype) -> Array:
+    """A dense attribute's elements as a read-only `dtype` array of `shape` (a splat's one
+    element broadcast)."""
     if dense.is_splat:
         scalar = dense.get_splat_value()
         if dtype.kind == "f":
@@ -625,7 +635,7 @@ def _constant(block: _Block, op: ir.Operation) -> Fn:
     else:
         value = np.array(dense).astype(dtype).reshape(shape)
     value.flags.writeable = False
-    return lambda: value
+    return value
 
 
 @_handles("iota")
