@@ -63,6 +63,10 @@ STEP_BYTES = 400
 cells, its slot tuples): 330 bytes over the MLP step's 25,039 steps, 410 with a scalar
 constant each. A plan's weight counts it, so a budget of plans bounds their memory."""
 
+BOUND_DEPTH = 32
+"""Ops a bound is followed back through (see `_Block.bound`); past them, a product's operands
+are checked at each call."""
+
 FOLD_LIMIT_BYTES = 1 << 20
 """Ops whose operands are all constants run while planning when the result is at most this
 big (or is a broadcast view, which holds no memory of its own)."""
@@ -243,9 +247,9 @@ class _Block:
         self.known: dict[int, Any] = {}
         self.steps: list[tuple[Fn, tuple[int, ...], int | tuple[int, ...]]] = []
         self.results: tuple[int, ...] = ()
-        self.bounds: dict[int, float] = {}
-        """Slots whose elements are known while planning to be integers of magnitude at most
-        the bound (whatever the element type), from the ops in `_BOUNDS`."""
+        self.bounds: dict[int, float | None] = {}
+        """What `bound` found, by slot."""
+        self._bounding = 0
 
     def slot(self, value: ir.Value) -> int:
         found = self.slots.get(value)
@@ -255,20 +259,30 @@ class _Block:
 
     def bound(self, value: ir.Value) -> float | None:
         """B such that every element of `value` is an integer with |v| <= B, where planning
-        knows one: an integer type's range, a constant's largest element, or `_BOUNDS`."""
+        knows one: a constant's largest element, what `_BOUNDS` makes of the op that gives
+        it (asked only for what a product reads, through at most `BOUND_DEPTH` ops), or an
+        integer type's range."""
         slot = self.slot(value)
-        found = self.bounds.get(slot)
-        if found is not None:
-            return found
+        if slot in self.bounds:
+            return self.bounds[slot]
+        found = None
         if slot in self.known:
             found = _constant_bound(np.asarray(self.known[slot]))
         else:
-            _, dtype = _tensor(value)
-            if dtype.kind in "iu":
-                info = np.iinfo(dtype)
-                found = _at_least(max(-int(info.min), int(info.max)))
-        if found is not None:
-            self.bounds[slot] = found
+            owner = getattr(value.owner, "operation", None)  # None: a block's argument
+            rule = None if owner is None else _BOUNDS.get(owner.name)
+            if owner is not None and rule is not None and self._bounding < BOUND_DEPTH:
+                self._bounding += 1
+                try:
+                    found = rule(self, owner)
+                finally:
+                    self._bounding -= 1
+            if found is None:
+                _, dtype = _tensor(value)
+                if dtype.kind in "iu":
+                    info = np.iinfo(dtype)
+                    found = _at_least(max(-int(info.min), int(info.max)))
+        self.bounds[slot] = found
         return found
 
     def build(self) -> Plan:
@@ -296,11 +310,6 @@ class _Block:
         outs = tuple([slot(r) for r in results])
         out: int | tuple[int, ...] = outs[0] if len(outs) == 1 else outs
         known = self.known
-        rule = _BOUNDS.get(name)
-        if rule is not None and isinstance(out, int):
-            found = rule(self, op)
-            if found is not None:
-                self.bounds[out] = found
         if all(i in known for i in ins) and name not in _NOT_FOLDED:
             with np.errstate(all="ignore"):
                 value = fn(*[known[i] for i in ins])
