@@ -24,7 +24,7 @@ from mpplug.kernels import KernelRuntime, invoke, jax_exec
 from mpplug.kernels import prepare as prepare_module
 from mpplug.kernels.compile_cache import SUFFIX, DiskCache, cache_key, disk_cache
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
-from mpplug.mpc import emit, trace_cache
+from mpplug.mpc import emit, ring, trace_cache
 
 REPO = Path(__file__).resolve().parent.parent
 X = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
@@ -157,6 +157,27 @@ def test_a_seal_and_a_reveal_are_traced_once_per_type_and_encoding(
         got = sim.fetch(sim.evaluate(square_plus_one(12), sim.put(0, x[:2])), party=0)
         assert sorted(traced) == ["combine", "lambda", "split"]  # another shape
     np.testing.assert_allclose(got, x[:2] ** 2 + 1, atol=3e-2)
+
+
+def test_with_the_cache_off_a_seal_is_traced_from_the_code_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A test that changes protocol code (a mutation check) turns the cache off: nothing kept
+    by recipe then hides its change, in memory either."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", "")
+    monkeypatch.setattr(trace_cache, "_FUNCTIONS", LRUCache(DEFAULT_CACHE_SIZE))
+    x = np.linspace(-2, 2, 6)
+    prog = mp.function(lambda v: mp.mpc.reveal(mp.mpc.seal(v), to=0))
+    with mp.Simulator(3) as sim:
+        np.testing.assert_allclose(sim.fetch(sim.evaluate(prog, sim.put(0, x)), 0), x, atol=1e-5)
+        monkeypatch.setattr(
+            ring.Decoding, "__call__", lambda self, v: ring.decode(v, 17, self.dtype)
+        )
+        again = mp.function(lambda v: mp.mpc.reveal(mp.mpc.seal(v), to=0))
+        np.testing.assert_allclose(
+            sim.fetch(sim.evaluate(again, sim.put(0, x)), 0), 2 * x, atol=1e-5
+        )
+    assert len(trace_cache._FUNCTIONS) == 0
 
 
 def test_a_protocols_local_function_is_read_back_and_a_bad_entry_is_rebuilt(

@@ -63,9 +63,13 @@ STEP_BYTES = 400
 cells, its slot tuples): 330 bytes over the MLP step's 25,039 steps, 410 with a scalar
 constant each. A plan's weight counts it, so a budget of plans bounds their memory."""
 
+KEPT_CONSTANT_BYTES = 64 << 10
+"""Constants at most this big (a broadcast one counts its one element) are read once per MLIR
+context; a bigger one is read for each plan, which holds it and frees it with the plan."""
+
 BOUND_DEPTH = 32
-"""Ops a bound is followed back through (see `_Block.bound`); past them, a product's operands
-are checked at each call."""
+"""Ops a bound is followed back through (see `_Block.bound`); past them, a value has its
+type's range (none for floats), so a product reading it is checked at each call."""
 
 FOLD_LIMIT_BYTES = 1 << 20
 """Ops whose operands are all constants run while planning when the result is at most this
@@ -347,9 +351,9 @@ def _constant_bound(value: Array) -> float | None:
     value = value[tuple(slice(0, 1) if step == 0 else slice(None) for step in value.strides)]
     if value.dtype.kind in "iu":
         return _at_least(max(int(value.max()), -int(value.min())))
-    if value.dtype.kind == "f" and np.array_equal(value, np.trunc(value)):
-        return float(np.max(np.abs(value)))
-    return None
+    if value.dtype.kind == "f" and value.nbytes <= KEPT_CONSTANT_BYTES:
+        return float(np.max(np.abs(value))) if np.array_equal(value, np.trunc(value)) else None
+    return None  # (a big float constant is checked at each call, in chunks)
 
 
 def _at_least(n: int) -> float:
@@ -626,7 +630,9 @@ def _constant(block: _Block, op: ir.Operation) -> Fn:
     constants = _contexts.constants
     value = constants.get(attr)
     if value is None:
-        value = constants[attr] = _dense_value(ir.DenseElementsAttr(attr), *_result(op))
+        value = _dense_value(ir.DenseElementsAttr(attr), *_result(op))
+        if _held_bytes(value) <= KEPT_CONSTANT_BYTES:  # a big one stays its plan's alone
+            constants[attr] = value
     return lambda: value
 
 
@@ -844,14 +850,14 @@ def _dot_general(block: _Block, op: ir.Operation) -> Fn:
     )
     spec = f"{''.join(lhs)},{''.join(rhs)}->{''.join(out)}"
     terms = int(np.prod([lhs_shape[d] for d in lhs_contract]))
-    checked = dtype.kind == "f" and not _exact_as_planned(block, op, terms, dtype)
+    floats = dtype.kind == "f"  # BLAS, whose sums of exact integers are exact in any order
+    checked = floats and not _exact_as_planned(block, op, terms, dtype)
 
     def dot_general(x: Array, y: Array) -> Array:
         x, y = np.asarray(x, dtype), np.asarray(y, dtype)
         if checked:
             _check_exact(terms, x, y)
-            return np.einsum(spec, x, y, optimize=True).astype(dtype)
-        return np.einsum(spec, x, y).astype(dtype)
+        return np.einsum(spec, x, y, optimize=floats).astype(dtype)
 
     return dot_general
 

@@ -79,14 +79,19 @@ _FUNCTIONS: LRUCache[tuple[Any, ...], Local] = LRUCache(
 def local_function(
     recipe: Hashable,
     types: Sequence[ValueType],
-    platforms: Sequence[str] | None,
+    platforms: tuple[str, ...] | None,
     make: Callable[[], Local | None],
 ) -> Local | None:
     """The function a protocol traced for `recipe` (a value whose repr names everything it
-    computes besides its arguments' `types`, the protocol's name first) on `platforms`: kept
-    from an earlier call in this process or another one, else `make()`'s (None: nothing to
-    keep)."""
-    memo_key = (recipe, tuple(types), platforms)
+    computes besides its arguments' `types`, the protocol's name first) on `platforms` (None:
+    this process's default backend): kept from an earlier call in this process or another
+    one, else `make()`'s (None: nothing to keep). With the persistent cache off, nothing is
+    kept by recipe, in memory either: each call makes its function from the code as it is."""
+    disk = disk_cache()
+    if disk is None:
+        return make()
+    target = platforms if platforms else (jax.default_backend(),)
+    memo_key = (recipe, tuple(types), target)
     found = _FUNCTIONS.get(memo_key)
     if found is not None:
         return found
@@ -98,10 +103,9 @@ def local_function(
         jaxlib_version(),
         repr(recipe),
         repr(list(types)),
-        repr(platforms),
+        repr(target),
     )
-    disk = disk_cache()
-    payload = disk.get(key) if disk is not None else None
+    payload = disk.get(key)
     if payload is not None:
         try:
             found = PFunction.from_bytes(payload[1:]), payload[:1] == b"1"
@@ -111,7 +115,6 @@ def local_function(
         found = make()
         if found is None:
             return None
-        if disk is not None:
-            disk.put(key, (b"1" if found[1] else b"0") + found[0].to_bytes())
+        disk.put(key, (b"1" if found[1] else b"0") + found[0].to_bytes())
     _FUNCTIONS.put(memo_key, found)
     return found
