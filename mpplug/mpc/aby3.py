@@ -151,6 +151,11 @@ def _local(
     return outs[0] if single else outs
 
 
+def first_share(pair: jnp.ndarray) -> jnp.ndarray:
+    """A party's first share x_i, the one the role before it lacks."""
+    return pair[0]
+
+
 class ABY3(Protocol):
     name = "aby3"
     n_parties = 3
@@ -206,7 +211,7 @@ class ABY3(Protocol):
         to: Sequence[int],
         decode: ring.Decoding,
     ) -> TracedValue:
-        first = _local(lambda s: s[0], shares, recipe="first")
+        first = _local(first_share, shares, recipe="first")
         missing: dict[int | str, int | str] = {}
         pair_from: dict[int | str, int | str] = {}
         for t in to:
