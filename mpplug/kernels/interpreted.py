@@ -284,8 +284,7 @@ class _Block:
             if found is None:
                 _, dtype = _tensor(value)
                 if dtype.kind in "iu":
-                    info = np.iinfo(dtype)
-                    found = _at_least(max(-int(info.min), int(info.max)))
+                    found = _at_least(_int_magnitude(dtype))
         self.bounds[slot] = found
         return found
 
@@ -356,6 +355,14 @@ def _constant_bound(value: Array) -> float | None:
     return None  # (a big float constant is checked at each call, in chunks)
 
 
+def _int_magnitude(dtype: np.dtype, largest: bool = True) -> int:
+    """The largest magnitude an integer type holds with `largest`, else the largest B such
+    that every integer in [-B, B] fits (0 for an unsigned type)."""
+    info = np.iinfo(dtype)
+    pick = max if largest else min
+    return pick(-int(info.min), int(info.max))
+
+
 def _at_least(n: int) -> float:
     """The float nearest n that is not below it."""
     found = float(n)
@@ -386,8 +393,8 @@ def _convert_bound(block: _Block, op: ir.Operation) -> float | None:
         return None
     if target.kind == "f":
         return found if source.kind in "iuf" and found <= _exact_bound(target) else None
-    info = np.iinfo(target)
-    return found if source.kind in "iu" and found <= min(-int(info.min), int(info.max)) else None
+    fits = source.kind in "iu" and found <= _int_magnitude(target, largest=False)
+    return found if fits else None
 
 
 _BOUNDS: dict[str, Callable[[_Block, ir.Operation], float | None]] = {
