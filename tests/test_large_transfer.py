@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import mpplug as mp
+from mpplug.core.memory import fresh_bytes
 from mpplug.remote.driver import Driver
 from mpplug.remote.streaming import CHUNK_BYTES
 
@@ -39,7 +40,10 @@ def test_a_value_over_2_gib_moves_between_parties_intact(tmp_path):
     with parties, Driver(parties.config, timeout=60.0) as driver:
         pids = [parties.processes[name].pid for name in ("P0", "P1")]
         baseline = [_rss_kib(pid, "VmRSS") for pid in pids]
-        value = np.resize(block, NBYTES)
+        value = fresh_bytes(NBYTES)  # not np.resize: NumPy's huge pages, on a VM, fault slowly
+        rows = NBYTES // CHUNK_BYTES
+        value[: rows * CHUNK_BYTES].reshape(rows, CHUNK_BYTES)[:] = block
+        value[rows * CHUNK_BYTES :] = block[: NBYTES % CHUNK_BYTES]
         held = driver.put(0, value)
         del value
         moved = driver.evaluate(hand_over, held)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from mpplug.protos import values_pb2
 from mpplug.remote.driver import Driver
 from mpplug.remote.launch import LocalParties
 from mpplug.remote.rpc import MISSING_KEY, WIRE_VERSION
-from mpplug.remote.server import PartyServer
+from mpplug.remote.server import NUMPY_HUGEPAGE_ENV, PartyServer, plain_pages_for_numpy
 from mpplug.remote.status import query_status
 from mpplug.remote.streaming import CHUNK_BYTES, MAX_MESSAGE_BYTES
 
@@ -489,3 +490,28 @@ def test_fetching_a_value_the_party_does_not_hold_is_a_clear_error(driver, stub)
     stub.Release(pb.ReleaseRequest(session=driver.session, names=[handle.name]), timeout=5.0)
     with pytest.raises(MPPlugError, match=r"party P0 refused Fetch: NOT_FOUND: .*no value named"):
         driver.fetch(handle, party=0)
+
+
+def _numpy_hugepage_advice(enabled: bool) -> bool:
+    """Set NumPy's huge-page advice; returns what it was."""
+    from numpy._core import multiarray
+
+    return bool(multiarray._set_madvise_hugepage(enabled))
+
+
+def test_party_processes_turn_numpys_huge_page_advice_off_unless_told(monkeypatch, parties):
+    said = "NumPy's huge-page advice off (NUMPY_MADVISE_HUGEPAGE unset)" in parties.log(
+        "P0", tail=1 << 30
+    )
+    assert said is (NUMPY_HUGEPAGE_ENV not in os.environ)  # the parties share our environment
+    before = _numpy_hugepage_advice(True)
+    try:
+        monkeypatch.setenv(NUMPY_HUGEPAGE_ENV, "1")
+        assert plain_pages_for_numpy() is False
+        assert _numpy_hugepage_advice(True) is True  # the user's choice stands
+        monkeypatch.delenv(NUMPY_HUGEPAGE_ENV)
+        assert plain_pages_for_numpy() is True
+        assert _numpy_hugepage_advice(True) is False
+        assert plain_pages_for_numpy() is True  # turned on again above
+    finally:
+        _numpy_hugepage_advice(before)

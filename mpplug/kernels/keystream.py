@@ -9,7 +9,6 @@ uniform words, and parties that hold k compute the same ones.
 
 from __future__ import annotations
 
-import mmap
 import struct
 import sys
 import threading
@@ -21,6 +20,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from mpplug.core import DType, PFunction, TensorType
+from mpplug.core.memory import mapped_bytes
 from mpplug.errors import InvalidPFunctionError
 from mpplug.kernels.runtime import KernelRuntime
 
@@ -186,7 +186,7 @@ class _Buffer:
     fewer streams than the widest). `written` is how far a draw wrote; past it, zeros."""
 
     def __init__(self, size: int) -> None:
-        self.memory = np.frombuffer(mmap.mmap(-1, size), np.uint8)
+        self.memory = mapped_bytes(size)
         self.written = 0
 
 

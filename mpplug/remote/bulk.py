@@ -50,6 +50,7 @@ from google.protobuf.message import DecodeError
 
 from mpplug.config import ClusterSpec, TLSFiles, split_endpoint
 from mpplug.core import TensorType
+from mpplug.core.memory import fresh_bytes
 from mpplug.protos import service_pb2 as pb
 from mpplug.protos import values_pb2
 from mpplug.remote.rpc import REFUSALS, BadRequest, refusal_of
@@ -653,7 +654,7 @@ class Listener:
         told to go ahead, unless they came `eager`ly with the header); None (and the sender
         told why) if no buffer can be had."""
         try:
-            buffer = np.empty(admitted.ttype.nbytes, dtype=np.uint8)
+            buffer = fresh_bytes(admitted.ttype.nbytes)
         except MemoryError:
             message = f"{admitted.where}: no memory for its {admitted.ttype.nbytes} bytes"
             _reply(sock, grpc.StatusCode.RESOURCE_EXHAUSTED, message)

@@ -317,6 +317,30 @@ def keep_chunk_memory() -> Callable[[], object] | None:
     return lambda: malloc_trim(0)
 
 
+NUMPY_HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"
+
+
+def plain_pages_for_numpy() -> bool:
+    """Stop NumPy advising the kernel to back its arrays of 4 MiB and more with huge pages,
+    unless `NUMPY_MADVISE_HUGEPAGE` says otherwise: on a virtual machine that hands freed
+    memory back to its host they fault in slowly (`mpplug.core.memory`; a party's interpreted
+    runs make such arrays, a 2 GiB value's trip driver -> party -> party -> driver took 69 s
+    with them and 11 s without). Returns whether it changed NumPy's setting. Process-wide,
+    so only the party commands call it (a user who sets the variable keeps NumPy's choice)."""
+    if NUMPY_HUGEPAGE_ENV in os.environ:
+        return False
+    set_advice = getattr(_numpy_multiarray(), "_set_madvise_hugepage", None)
+    return set_advice is not None and bool(set_advice(False))
+
+
+def _numpy_multiarray() -> object:
+    try:
+        from numpy._core import multiarray  # NumPy 2
+    except ImportError:  # pragma: no cover - NumPy 1.26
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    return multiarray
+
+
 SIGNAL_POLL_S = 0.5
 """How often the main thread wakes while serving (signal handlers also wake it at once)."""
 
@@ -336,6 +360,8 @@ def serve_forever(server: PartyServer, parent_pid: int | None = None) -> int:
     # Handlers first: a signal that arrives while the server starts still stops it cleanly.
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
+    if plain_pages_for_numpy():
+        log.info("party %s: NumPy's huge-page advice off (%s unset)", name, NUMPY_HUGEPAGE_ENV)
     server.start()
     trim = keep_chunk_memory()
     if trim is not None:

@@ -16,6 +16,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
 from mpplug.core import TensorType
+from mpplug.core.memory import fresh_bytes
 from mpplug.errors import WireError
 from mpplug.runtime import codec
 
@@ -163,7 +164,7 @@ def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
 
 def receive_bytes(size: int, parts: Iterable[Any], where: str) -> np.ndarray[Any, Any]:
     """Exactly `size` bytes gathered into one preallocated uint8 buffer."""
-    buffer = np.empty(size, dtype=np.uint8)
+    buffer = fresh_bytes(size)
     filled = 0
     for part in parts:
         end = filled + len(part)
@@ -219,7 +220,7 @@ def read_tensors(
             except DecodeError as exc:
                 raise WireError(f"{where}: a header does not decode as {name}: {exc}") from None
             ttype = codec.decode_type(msg, f"{where} value {len(arrays)}")
-            buffer, filled = np.empty(ttype.nbytes, dtype=np.uint8), 0
+            buffer, filled = fresh_bytes(ttype.nbytes), 0
         elif ttype is None:
             raise WireError(f"{where}: the first message has no header")
         end = filled + len(data)
