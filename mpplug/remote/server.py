@@ -360,9 +360,9 @@ def serve_forever(server: PartyServer, parent_pid: int | None = None) -> int:
     # Handlers first: a signal that arrives while the server starts still stops it cleanly.
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
+    server.start()  # first: a party that cannot start says only why
     if plain_pages_for_numpy():
         log.info("party %s: NumPy's huge-page advice off (%s unset)", name, NUMPY_HUGEPAGE_ENV)
-    server.start()
     trim = keep_chunk_memory()
     if trim is not None:
         server.trim_when_idle(trim)
