@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
+import os
+
 import numpy as np
 import pytest
 
 from mpplug.core import DType, TensorType
+from mpplug.core.memory import MAPPED_BYTES
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import WireError
 from mpplug.protos import service_pb2 as pb
@@ -94,3 +98,51 @@ def test_a_stream_must_start_with_the_header_and_hold_exactly_the_declared_bytes
         receive_bytes(3, [b"ab", b"cd"], "test")
     with pytest.raises(WireError, match="ended after 2 of 3 declared bytes"):
         receive_bytes(3, [b"ab"], "test")
+
+
+def _mapping_of(array: np.ndarray) -> tuple[str, list[str]]:
+    """The /proc/self/smaps head line and VmFlags of the mapping holding `array`'s second
+    page (NumPy advises whole pages only, and its first page is shared with malloc's header)."""
+    address, head = array.ctypes.data + mmap.PAGESIZE, None
+    with open("/proc/self/smaps") as smaps:
+        lines = smaps.readlines()
+    for line in lines:
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line: low-high perms ...
+            low, high = (int(end, 16) for end in fields[0].split("-"))
+            head = line if low <= address < high else None
+        elif head is not None and fields[0] == "VmFlags:":
+            return head, fields[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+def test_a_big_received_value_lands_in_a_private_mapping_of_its_own():
+    """Not NumPy's memory, which it advises the kernel to back with huge pages (slow to fault
+    in on a VM that gives memory back to its host), nor a shared mapping (Python's default,
+    backed by shared memory): a private anonymous one, page-aligned, never advised."""
+    size = MAPPED_BYTES + 5
+    payload = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes()
+    got = receive_bytes(size, [payload[:CHUNK_BYTES], payload[CHUNK_BYTES:]], "test")
+    assert got.tobytes() == payload and got.flags.writeable
+    assert got.ctypes.data % mmap.PAGESIZE == 0  # malloc's blocks start past a header
+    head, flags = _mapping_of(got)
+    assert head.split()[1] == "rw-p" and head.split()[4] == "0", head  # private, anonymous
+    assert "hg" not in flags, flags  # no MADV_HUGEPAGE
+    small = receive_bytes(5, [payload[:5]], "test")
+    assert small.tobytes() == payload[:5] and small.ctypes.data % mmap.PAGESIZE != 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+def test_numpys_own_big_arrays_are_what_the_check_above_tells_apart():
+    """The check above can fail: an array NumPy allocates is not page-aligned, and one it
+    advises is flagged so."""
+    from numpy._core import multiarray
+
+    before = multiarray._set_madvise_hugepage(True)
+    try:
+        array = np.ones(2 * MAPPED_BYTES, np.uint8)
+        assert array.ctypes.data % mmap.PAGESIZE != 0
+        assert "hg" in _mapping_of(array)[1]
+    finally:
+        multiarray._set_madvise_hugepage(before)
