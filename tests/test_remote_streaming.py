@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpplug.core import DType, TensorType
-from mpplug.core.memory import MAPPED_BYTES
+from mpplug.core.memory import MAPPED_BYTES, fresh_bytes
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import WireError
 from mpplug.protos import service_pb2 as pb
@@ -146,3 +146,18 @@ def test_numpys_own_big_arrays_are_what_the_check_above_tells_apart():
         assert "hg" in _mapping_of(array)[1]
     finally:
         multiarray._set_madvise_hugepage(before)
+
+
+def _overcommits_always() -> bool:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as mode:
+            return mode.read().strip() == "1"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_overcommits_always(), reason="the kernel maps any size")
+def test_a_buffer_the_system_cannot_hold_is_a_memory_error_as_numpys_is():
+    """The bulk listener answers MemoryError with RESOURCE_EXHAUSTED and keeps serving."""
+    with pytest.raises(MemoryError, match=f"no memory to map {1 << 44} bytes"):
+        fresh_bytes(1 << 44)

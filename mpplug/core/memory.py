@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 from typing import Any
 
@@ -30,7 +31,12 @@ def fresh_bytes(size: int) -> np.ndarray[Any, Any]:
 
 
 def mapped_bytes(size: int) -> np.ndarray[Any, Any]:
-    """`size` bytes (at least one) of zeros in a private anonymous mapping of their own."""
-    if _PRIVATE:
-        return np.frombuffer(mmap.mmap(-1, size, flags=_PRIVATE), dtype=np.uint8)
-    return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)  # pragma: no cover - Windows
+    """`size` bytes (at least one) of zeros in a private anonymous mapping of their own;
+    MemoryError, as NumPy raises, where the system has no room for them."""
+    try:
+        mapping = mmap.mmap(-1, size, flags=_PRIVATE) if _PRIVATE else mmap.mmap(-1, size)
+    except OSError as exc:
+        if exc.errno != errno.ENOMEM:
+            raise
+        raise MemoryError(f"no memory to map {size} bytes") from None
+    return np.frombuffer(mapping, dtype=np.uint8)
