@@ -52,7 +52,7 @@ import numpy as np
 
 import mpplug as mp
 import mpplug.mpc  # before any clock starts, as spu_bench imports spu (mp.mpc loads lazily)
-from bench.timing import samples
+from bench.timing import numpy_huge_pages, samples
 from mpplug.core.graph import OpKind
 from mpplug.kernels.builtin import CONSTANT, COUNTER
 
@@ -603,7 +603,8 @@ def main() -> int:
     print(
         f"mpplug {mp.__version__} mp.mpc benchmark: Simulator(3), ABY3 Z_2^64, 18 fraction bits; "
         f"jax {jax.__version__} ({jax.devices()[0].platform}), numpy {np.__version__}, "
-        f"python {platform.python_version()}, {os.cpu_count()} cores, load avg {load:.2f} at start",
+        f"python {platform.python_version()}, {os.cpu_count()} cores, load avg {load:.2f} at "
+        f"start, NumPy huge pages {numpy_huge_pages()}",
         flush=True,
     )
     chosen = [w for w in workloads(args.quick) if not args.only or args.only in w.name]

@@ -1,5 +1,5 @@
-"""The timing helpers every benchmark shares: medians of calls taken in turns, percentiles, and
-the PASS/FAIL verdict lines with the exit code they imply.
+"""The timing helpers every benchmark shares: medians of calls taken in turns, percentiles, the
+PASS/FAIL verdict lines with the exit code they imply, and what a header says of the process.
 """
 
 from __future__ import annotations
@@ -8,6 +8,19 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+
+def numpy_huge_pages() -> str:
+    """Whether NumPy advises huge pages for this process's big arrays ("on", "off"): the
+    Simulator's interpreted first runs, on a VM, fault them in slowly (docs/mpc.md)."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # NumPy 1.26
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    get = getattr(multiarray, "_get_madvise_hugepage", None)
+    if get is None:
+        return "unknown"
+    return "on" if get() else "off"
 
 
 def median_seconds(call: Callable[[], object], repeat: int, warmup: int = 2) -> float:
