@@ -324,9 +324,10 @@ def plain_pages_for_numpy() -> bool:
     """Stop NumPy advising the kernel to back its arrays of 4 MiB and more with huge pages,
     unless `NUMPY_MADVISE_HUGEPAGE` says otherwise: on a virtual machine that hands freed
     memory back to its host they fault in slowly (`mpplug.core.memory`; a party's interpreted
-    runs make such arrays, a 2 GiB value's trip driver -> party -> party -> driver took 69 s
-    with them and 11 s without). Returns whether it changed NumPy's setting. Process-wide,
-    so only the party commands call it (a user who sets the variable keeps NumPy's choice)."""
+    runs make such arrays; a 2 GiB value's trip driver -> party -> party -> driver took 69 s
+    with them, 11 s with NumPy's advice off in every process). Returns whether it changed
+    NumPy's setting. Process-wide, so only the party commands call it (a user who sets the
+    variable keeps NumPy's choice)."""
     if NUMPY_HUGEPAGE_ENV in os.environ:
         return False
     set_advice = getattr(_numpy_multiarray(), "_set_madvise_hugepage", None)
