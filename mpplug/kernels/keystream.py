@@ -175,7 +175,8 @@ def run_keystream(pfunc: PFunction, args: Sequence[Any], runtime: KernelRuntime)
 KEPT_BYTES = 256 << 20
 """Keystream buffers a party keeps for its next runs, in bytes (least recently used dropped
 first). Fresh memory is paid for page by page when first written, and dearly on a virtual
-machine (here, filling 80 MB of it took 186 ms; ChaCha20 into memory written before, 17 ms),
+machine (here, filling 80 MB of a shared mapping took 186 ms at one hour and 60 at another,
+of a private one, as drawn now, 44 at the second; ChaCha20 into memory written before, 17 ms),
 while a program's next run draws a buffer of the same size (the reciprocal of 100,000
 values: about 120 MB a party)."""
 
