@@ -52,7 +52,7 @@ import numpy as np
 
 import mpplug as mp
 import mpplug.mpc  # before any clock starts, as spu_bench imports spu (mp.mpc loads lazily)
-from bench.timing import numpy_huge_pages, samples
+from bench.timing import numpy_huge_page_advice, samples
 from mpplug.core.graph import OpKind
 from mpplug.kernels.builtin import CONSTANT, COUNTER
 
@@ -604,7 +604,7 @@ def main() -> int:
         f"mpplug {mp.__version__} mp.mpc benchmark: Simulator(3), ABY3 Z_2^64, 18 fraction bits; "
         f"jax {jax.__version__} ({jax.devices()[0].platform}), numpy {np.__version__}, "
         f"python {platform.python_version()}, {os.cpu_count()} cores, load avg {load:.2f} at "
-        f"start, NumPy huge pages {numpy_huge_pages()}",
+        f"start, NumPy huge pages {numpy_huge_page_advice()}",
         flush=True,
     )
     chosen = [w for w in workloads(args.quick) if not args.only or args.only in w.name]

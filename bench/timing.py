@@ -9,18 +9,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from mpplug.core.memory import numpy_huge_pages
 
-def numpy_huge_pages() -> str:
+
+def numpy_huge_page_advice() -> str:
     """Whether NumPy advises huge pages for this process's big arrays ("on", "off"): the
     Simulator's interpreted first runs, on a VM, fault them in slowly (docs/mpc.md)."""
-    try:
-        from numpy._core import multiarray
-    except ImportError:  # NumPy 1.26
-        from numpy.core import multiarray  # type: ignore[no-redef]
-    get = getattr(multiarray, "_get_madvise_hugepage", None)
-    if get is None:
-        return "unknown"
-    return "on" if get() else "off"
+    advice = numpy_huge_pages()
+    return "unknown" if advice is None else "on" if advice else "off"
 
 
 def median_seconds(call: Callable[[], object], repeat: int, warmup: int = 2) -> float:

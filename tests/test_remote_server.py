@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import mpplug as mp
 from mpplug.config import ClusterSpec, free_port
 from mpplug.core import DType, TensorType
+from mpplug.core.memory import numpy_huge_pages
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.kernels import jax_exec
@@ -492,26 +493,19 @@ def test_fetching_a_value_the_party_does_not_hold_is_a_clear_error(driver, stub)
         driver.fetch(handle, party=0)
 
 
-def _numpy_hugepage_advice(enabled: bool) -> bool:
-    """Set NumPy's huge-page advice; returns what it was."""
-    from numpy._core import multiarray
-
-    return bool(multiarray._set_madvise_hugepage(enabled))
-
-
 def test_party_processes_turn_numpys_huge_page_advice_off_unless_told(monkeypatch, parties):
     said = "NumPy's huge-page advice off (NUMPY_MADVISE_HUGEPAGE unset)" in parties.log(
         "P0", tail=1 << 30
     )
     assert said is (NUMPY_HUGEPAGE_ENV not in os.environ)  # the parties share our environment
-    before = _numpy_hugepage_advice(True)
+    before = numpy_huge_pages(True)
     try:
         monkeypatch.setenv(NUMPY_HUGEPAGE_ENV, "1")
         assert plain_pages_for_numpy() is False
-        assert _numpy_hugepage_advice(True) is True  # the user's choice stands
+        assert numpy_huge_pages(True) is True  # the user's choice stands
         monkeypatch.delenv(NUMPY_HUGEPAGE_ENV)
         assert plain_pages_for_numpy() is True
-        assert _numpy_hugepage_advice(True) is False
+        assert numpy_huge_pages(True) is False
         assert plain_pages_for_numpy() is True  # turned on again above
     finally:
-        _numpy_hugepage_advice(before)
+        numpy_huge_pages(before)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mpplug.core import DType, TensorType
-from mpplug.core.memory import MAPPED_BYTES, fresh_bytes
+from mpplug.core.memory import MAPPED_BYTES, fresh_bytes, numpy_huge_pages
 from mpplug.core.serde import tensor_type_to_proto
 from mpplug.errors import WireError
 from mpplug.protos import service_pb2 as pb
@@ -137,14 +137,12 @@ def test_a_big_received_value_lands_in_a_private_mapping_of_its_own():
 def test_numpys_own_big_arrays_are_what_the_check_above_tells_apart():
     """The check above can fail: an array NumPy allocates and advises is flagged so (its
     address starts past malloc's header, page-aligned only by chance)."""
-    from numpy._core import multiarray
-
-    before = multiarray._set_madvise_hugepage(True)
+    before = numpy_huge_pages(True)
     try:
         array = np.ones(2 * MAPPED_BYTES, np.uint8)
         assert "hg" in _mapping_of(array)[1]
     finally:
-        multiarray._set_madvise_hugepage(before)
+        numpy_huge_pages(before)
 
 
 def _overcommits_always() -> bool:

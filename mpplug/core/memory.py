@@ -40,3 +40,22 @@ def mapped_bytes(size: int) -> np.ndarray[Any, Any]:
             raise
         raise MemoryError(f"no memory to map {size} bytes") from None
     return np.frombuffer(mapping, dtype=np.uint8)
+
+
+def numpy_huge_pages(enabled: bool | None = None) -> bool | None:
+    """Whether NumPy advises huge pages for its big arrays in this process, as it was before
+    `enabled` (if given) set it; None where this NumPy has no such switch. Process-wide."""
+    try:
+        from numpy._core import multiarray  # NumPy 2
+    except ImportError:  # pragma: no cover - NumPy 1.26
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    getter = getattr(multiarray, "_get_madvise_hugepage", None)
+    if enabled is None and getter is not None:
+        return bool(getter())
+    setter = getattr(multiarray, "_set_madvise_hugepage", None)
+    if setter is None:
+        return None
+    before = bool(setter(True if enabled is None else enabled))
+    if enabled is None:
+        setter(before)
+    return before

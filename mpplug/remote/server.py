@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2
 
 from mpplug.config import ClusterSpec, ServerLimits, is_loopback, split_endpoint
 from mpplug.core.custom_calls import CustomCallPolicy
+from mpplug.core.memory import numpy_huge_pages
 from mpplug.errors import ConfigError, MPPlugError
 from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.jax_exec import start_module_check
@@ -330,16 +331,7 @@ def plain_pages_for_numpy() -> bool:
     variable keeps NumPy's choice)."""
     if NUMPY_HUGEPAGE_ENV in os.environ:
         return False
-    set_advice = getattr(_numpy_multiarray(), "_set_madvise_hugepage", None)
-    return set_advice is not None and bool(set_advice(False))
-
-
-def _numpy_multiarray() -> object:
-    try:
-        from numpy._core import multiarray  # NumPy 2
-    except ImportError:  # pragma: no cover - NumPy 1.26
-        from numpy.core import multiarray  # type: ignore[no-redef]
-    return multiarray
+    return bool(numpy_huge_pages(False))
 
 
 SIGNAL_POLL_S = 0.5
