@@ -1,7 +1,8 @@
 """gRPC channels and server options shared by drivers and parties.
 
 Message limits match the chunking, keepalive finds dead peers within a fraction of the timeout,
-reconnects back off for at most a second, and TLS is used whenever the cluster has it.
+reconnects back off for at most a second while one connection attempt may take 20 s, and TLS
+is used whenever the cluster has it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ import grpc
 from mpplug.remote.streaming import MAX_MESSAGE_BYTES
 
 MIN_PING_INTERVAL_MS = 500
+CONNECT_TIMEOUT_MS = 20_000
+"""How long one connection attempt (TCP, TLS handshake, HTTP/2 settings) may take. gRPC core
+reads it from `grpc.min_reconnect_backoff_ms`, which despite its name is no backoff: set to
+100 ms, every handshake over a link with 100 ms round trips, or with a busy party, was cut
+short and the call refused as unavailable (grpc/grpc#12830, #33423). 20 s is gRPC's default;
+a call's own deadline still bounds it."""
 
 
 def keepalive_for(timeout: float) -> float:
@@ -33,8 +40,8 @@ def channel_options(keepalive_s: float) -> list[tuple[str, Any]]:
         ("grpc.http2.ping_timeout_ms", keepalive_ms),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
         ("grpc.enable_http_proxy", 0),
     ]
 
