@@ -40,6 +40,9 @@ PARTY_ENV = {
 }
 POOLED_CLUSTERS = 3
 """Party clusters kept running per test process (each party is a JAX process, ~250 MB)."""
+SWEEP_PARTIES = 3
+"""A cluster of more parties than this serves a world-size sweep's few tests: it runs until
+another cluster is asked for, and takes no small one's place."""
 
 
 def start_parties(workdir: Path, world_size: int, *, tls: bool = False) -> LocalParties:
@@ -62,7 +65,9 @@ def start_parties(workdir: Path, world_size: int, *, tls: bool = False) -> Local
 
 
 class PartyPool:
-    """Running party clusters by (world size, tls), the least recently used stopped first."""
+    """Running party clusters by (world size, tls), at most `capacity` of up to SWEEP_PARTIES
+    parties, the least recently used stopped first; a bigger one runs until another is asked
+    for, and takes no small one's place."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -74,12 +79,14 @@ class PartyPool:
 
     def get(self, world_size: int, *, tls: bool = False) -> LocalParties:
         key = (world_size, tls)
+        for other in [k for k in self._clusters if k != key and k[0] > SWEEP_PARTIES]:
+            self._clusters.pop(other).stop(grace=0.0)
         parties = self._clusters.pop(key, None)
         if parties is not None and not parties.alive():
             parties.stop(grace=0.0)
             parties = None
         if parties is None:
-            while len(self._clusters) >= self.capacity:
+            while world_size <= SWEEP_PARTIES and len(self._clusters) >= self.capacity:
                 self._clusters.popitem(last=False)[1].stop(grace=0.0)
             if self._root is None:
                 self._root = Path(tempfile.mkdtemp(prefix="mpplug-parties-"))
