@@ -52,7 +52,7 @@ import numpy as np
 
 import mpplug as mp
 import mpplug.mpc  # before any clock starts, as spu_bench imports spu (mp.mpc loads lazily)
-from bench.timing import numpy_huge_page_advice, samples
+from bench.timing import machine_state, numpy_huge_page_advice, samples
 from mpplug.core.graph import OpKind
 from mpplug.kernels.builtin import CONSTANT, COUNTER
 
@@ -599,12 +599,11 @@ def main() -> int:
     args = ap.parse_args()
     truncations = ("precise", "probabilistic") if args.truncation == "both" else (args.truncation,)
     spu = load_spu(args.spu) if args.spu else None
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"mpplug {mp.__version__} mp.mpc benchmark: Simulator(3), ABY3 Z_2^64, 18 fraction bits; "
         f"jax {jax.__version__} ({jax.devices()[0].platform}), numpy {np.__version__}, "
-        f"python {platform.python_version()}, {os.cpu_count()} cores, load avg {load:.2f} at "
-        f"start, NumPy huge pages {numpy_huge_page_advice()}",
+        f"python {platform.python_version()}, {os.cpu_count()} cores, {machine_state()}, "
+        f"NumPy huge pages {numpy_huge_page_advice()}",
         flush=True,
     )
     chosen = [w for w in workloads(args.quick) if not args.only or args.only in w.name]

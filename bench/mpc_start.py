@@ -31,7 +31,7 @@ import numpy as np
 
 import mpplug as mp
 from bench.mpc import RECV_TIMEOUT_S, error, load_spu, program, workloads
-from bench.timing import numpy_huge_page_advice, samples
+from bench.timing import machine_state, numpy_huge_page_advice, samples
 from mpplug.kernels.prepare import ENV_TIER_UP
 
 COLD_TARGET = 2.0
@@ -167,7 +167,8 @@ def main() -> int:
     names = [w.name for w in workloads(False) if not args.only or args.only in w.name]
     print(
         f"mpplug {mp.__version__} mp.mpc start-up: jax {jax.__version__}, numpy {np.__version__},"
-        f" {os.cpu_count()} cores, NumPy huge pages {numpy_huge_page_advice()} (the Simulator's)",
+        f" {os.cpu_count()} cores, {machine_state()}, NumPy huge pages {numpy_huge_page_advice()}"
+        " (the Simulator's)",
         flush=True,
     )
     lines, missed, raw = start_rows(names, spu)

@@ -4,10 +4,12 @@ PASS/FAIL verdict lines with the exit code they imply, and what a header says of
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from mpplug.core.memory import numpy_huge_pages
 
@@ -17,6 +19,29 @@ def numpy_huge_page_advice() -> str:
     Simulator's interpreted first runs, on a VM, fault them in slowly (docs/mpc.md)."""
     advice = numpy_huge_pages()
     return "unknown" if advice is None else "on" if advice else "off"
+
+
+def machine_state() -> str:
+    """The load average and how many mpplug party processes run already, for a header: a row
+    timed right after another benchmark was killed read 3.7x slower (docs/mpc.md)."""
+    load = f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "unknown"
+    parties = party_processes()
+    running = "unknown" if parties is None else str(parties)
+    return f"load avg {load} at start, {running} mpplug party processes running"
+
+
+def party_processes(proc: Path = Path("/proc")) -> int | None:
+    """How many `mpplug.remote.server` processes this host runs (None: no /proc to read)."""
+    if not proc.is_dir():
+        return None
+    count = 0
+    for entry in proc.iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        count += b"mpplug.remote.server\0" in command
+    return count
 
 
 def median_seconds(call: Callable[[], object], repeat: int, warmup: int = 2) -> float:
