@@ -31,7 +31,9 @@ def machine_state() -> str:
 
 
 def party_processes(proc: Path = Path("/proc")) -> int | None:
-    """How many `mpplug.remote.server` processes this host runs (None: no /proc to read)."""
+    """How many `mpplug.remote.server` processes this host runs, and `mpplug.remote.forkserver`
+    ones (a fork server and the parties it forked show its command line) (None: no /proc to
+    read)."""
     if not proc.is_dir():
         return None
     count = 0
@@ -40,7 +42,7 @@ def party_processes(proc: Path = Path("/proc")) -> int | None:
             command = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        count += b"mpplug.remote.server\0" in command
+        count += b"mpplug.remote.server\0" in command or b"mpplug.remote.forkserver\0" in command
     return count
 
 

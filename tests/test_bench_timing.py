@@ -15,11 +15,12 @@ def _process(proc: Path, pid: str, *argv: str) -> None:
 def test_party_processes_are_counted_by_their_command_line(tmp_path: Path):
     _process(tmp_path, "101", "python", "-m", "mpplug.remote.server", "--config", "c.yaml")
     _process(tmp_path, "102", "/venv/bin/python", "-m", "mpplug.remote.server", "--party", "P1")
+    _process(tmp_path, "106", "python", "-m", "mpplug.remote.forkserver")  # or forked by one
     _process(tmp_path, "103", "python", "-m", "mpplug.remote.servers")  # another module
     _process(tmp_path, "104", "python", "bench.py", "mpplug.remote.server.log")
     _process(tmp_path, "self", "python", "-m", "mpplug.remote.server")  # not a process id
     (tmp_path / "105").mkdir()  # a process gone while the folder was read: no cmdline
-    assert party_processes(tmp_path) == 2
+    assert party_processes(tmp_path) == 3
     assert party_processes(tmp_path / "absent") is None
 
 
