@@ -226,7 +226,6 @@ def _up(args: argparse.Namespace) -> int:
         session_idle_timeout=args.session_idle_timeout,
         limits=args.limit,
         insecure=args.insecure,
-        fork=False,  # each party its own interpreter: `ps` shows which party a process is
     )
     with _StopSignals() as signals:
         try:

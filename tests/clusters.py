@@ -54,7 +54,7 @@ def start_parties(workdir: Path, world_size: int, *, tls: bool = False) -> Local
         spec = with_tls(spec, write_dev_certs(spec, workdir / "certs"))
     config = workdir / "cluster.yaml"
     config.write_text(yaml.safe_dump(spec.to_dict()))
-    parties = LocalParties(config, log_dir=workdir / "logs", env=PARTY_ENV)
+    parties = LocalParties(config, log_dir=workdir / "logs", env=PARTY_ENV, fork=True)
     try:
         parties.start()
         parties.wait_ready(timeout=120.0)

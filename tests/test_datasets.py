@@ -96,7 +96,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 @pytest.fixture(scope="module")
 def parties(world: World) -> Iterator[LocalParties]:
     """The module's party processes, started once and killed at the end, even on failure."""
-    with LocalParties(world.config, log_dir=world.folder / "logs", env=PARTY_ENV) as running:
+    with LocalParties(
+        world.config, log_dir=world.folder / "logs", env=PARTY_ENV, fork=True
+    ) as running:
         running.start()
         try:
             running.wait_ready(timeout=READY_S)

@@ -147,9 +147,9 @@ def stoppable(tmp_path: Path) -> Iterator[StoppableCluster]:
     victim = "P1"
     logs = tmp_path / "logs"
     survivors = LocalParties(
-        config, log_dir=logs, env=PARTY_ENV, timeout=TIMEOUT, limits=[ONE_EXECUTION]
+        config, log_dir=logs, env=PARTY_ENV, timeout=TIMEOUT, limits=[ONE_EXECUTION], fork=True
     )
-    stopped = LocalParties(config, log_dir=logs, env=PARTY_ENV, timeout=TIMEOUT)
+    stopped = LocalParties(config, log_dir=logs, env=PARTY_ENV, timeout=TIMEOUT, fork=True)
     cluster = StoppableCluster(spec, victim, (survivors, stopped))
     try:
         survivors.start(cluster.survivors)

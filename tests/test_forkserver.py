@@ -1,6 +1,7 @@
-"""Local parties forked from a fork server: they serve and compute like started ones, their
-exits are reported as `subprocess.Popen` reports them, a bad request leaves the server
-serving, and nothing outlives a launcher killed with SIGKILL."""
+"""Local parties forked from a fork server (`LocalParties(fork=True)`, as the suite starts its
+clusters): they serve and compute like started ones, their exits are reported as
+`subprocess.Popen` reports them, a bad request leaves the server serving, and nothing outlives
+a launcher killed with SIGKILL."""
 
 from __future__ import annotations
 
@@ -54,8 +55,12 @@ def _twice_plus_one(x: mp.MPObject) -> mp.MPObject:
 
 
 def test_forked_parties_compute_and_share_one_fork_server_per_environment(tmp_path: Path):
-    first = LocalParties(_cluster_file(tmp_path / "a", 2), log_dir=tmp_path / "a", env=PARTY_ENV)
-    second = LocalParties(_cluster_file(tmp_path / "b", 2), log_dir=tmp_path / "b", env=PARTY_ENV)
+    first = LocalParties(
+        _cluster_file(tmp_path / "a", 2), log_dir=tmp_path / "a", env=PARTY_ENV, fork=True
+    )
+    second = LocalParties(
+        _cluster_file(tmp_path / "b", 2), log_dir=tmp_path / "b", env=PARTY_ENV, fork=True
+    )
     with first, second:
         first.start()
         second.start()
@@ -78,7 +83,7 @@ def test_forked_parties_compute_and_share_one_fork_server_per_environment(tmp_pa
 
 def test_a_killed_party_reports_its_signal_and_its_peers_keep_serving(tmp_path: Path):
     with LocalParties(
-        _cluster_file(tmp_path, 3), log_dir=tmp_path / "logs", env=PARTY_ENV
+        _cluster_file(tmp_path, 3), log_dir=tmp_path / "logs", env=PARTY_ENV, fork=True
     ) as parties:
         parties.start()
         parties.wait_ready(timeout=60)
@@ -149,7 +154,7 @@ def test_the_fork_server_refuses_bad_requests_and_reports_exit_codes(tmp_path: P
 _LAUNCHER = """
 import sys, time
 from mpplug.remote.launch import LocalParties
-parties = LocalParties(sys.argv[1], log_dir=sys.argv[2])
+parties = LocalParties(sys.argv[1], log_dir=sys.argv[2], fork=True)
 parties.start()
 parties.wait_ready(timeout=60)
 print(" ".join(str(p.pid) for p in parties.processes.values()), flush=True)

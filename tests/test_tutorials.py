@@ -77,7 +77,7 @@ def test_tutorial_07_vertical_pipeline_on_real_parties(tmp_path: Path):
     pipeline = _tutorial_module("07_vertical_pipeline")
     config = pipeline.write_data(tmp_path)
     spec = ClusterSpec.from_yaml(config)
-    with LocalParties(config, log_dir=tmp_path / "logs", env=PARTY_ENV) as parties:
+    with LocalParties(config, log_dir=tmp_path / "logs", env=PARTY_ENV, fork=True) as parties:
         parties.start()
         parties.wait_ready(timeout=120.0)
         with driven(parties, 60.0) as driver:

@@ -38,10 +38,12 @@ class LocalParties:
 
     `env` adds to (or overrides) this process's environment, over `SHARED_HOST_ENV`, for the
     parties; `timeout`, `session_idle_timeout`, `limits` (NAME=VALUE) and `insecure` are
-    passed to each party (see `mpplug serve`). With `fork` (the default, where the OS forks),
-    each party is forked from a fork server that has imported the party server already
+    passed to each party (see `mpplug serve`). With `fork` (where the OS forks), each party is
+    forked from a fork server that has imported the party server already
     (`mpplug.remote.forkserver`, one per environment, kept while this process runs): it
-    serves in about 0.1 s instead of 1-2 s. Each party stops by itself when this process
+    serves in about 0.1 s instead of 1-2 s, but ran small programs 10-20% slower than a
+    fresh interpreter does, so it is for many short-lived clusters (the test suite), not
+    for clusters that are timed or kept. Each party stops by itself when this process
     is gone, even killed with SIGKILL. Used as a context manager, every process is killed on
     exit, even when the body fails.
     """
@@ -56,7 +58,7 @@ class LocalParties:
         session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         limits: Sequence[str] = (),
         insecure: bool = False,
-        fork: bool = True,
+        fork: bool = False,
     ) -> None:
         self.config = Path(config)
         self.spec = ClusterSpec.from_yaml(self.config)
