@@ -22,20 +22,21 @@ environment: a launcher keeps one server per environment (`mpplug.remote.launch`
 from __future__ import annotations
 
 import contextlib
+import gc
+import importlib
 import json
 import os
 import select
 import signal
 import sys
 import traceback
+from types import ModuleType
 from typing import Any
 
-import mpplug.remote.server as party_server
 
-
-def serve(requests: int, replies: int) -> int:
-    """Fork a party per request line read from fd `requests`, reporting on fd `replies`,
-    until `requests` closes."""
+def serve(requests: int, replies: int, party_server: ModuleType) -> int:
+    """Fork a party of `party_server` per request line read from fd `requests`, reporting on
+    fd `replies`, until `requests` closes."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -54,10 +55,13 @@ def serve(requests: int, replies: int) -> int:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 if line.strip():
-                    _reply(replies, _fork(line, (requests, replies, wake_read, wake_write)))
+                    _reply(
+                        replies,
+                        _fork(line, (requests, replies, wake_read, wake_write), party_server),
+                    )
 
 
-def _fork(line: bytes, own_fds: tuple[int, ...]) -> dict[str, Any]:
+def _fork(line: bytes, own_fds: tuple[int, ...], party_server: ModuleType) -> dict[str, Any]:
     try:
         request = json.loads(line)
         argv = [str(a) for a in request["argv"]]
@@ -72,13 +76,21 @@ def _fork(line: bytes, own_fds: tuple[int, ...]) -> dict[str, Any]:
         os.close(log)
         return {"failed": f"fork: {exc}"}
     if pid == 0:
-        os._exit(_party(argv, log, env, cwd, own_fds))
+        os._exit(_party(party_server, argv, log, env, cwd, own_fds))
     os.close(log)
     return {"started": pid}
 
 
-def _party(argv: list[str], log: int, env: dict[str, str], cwd: str, own_fds: tuple) -> int:
+def _party(
+    party_server: ModuleType,
+    argv: list[str],
+    log: int,
+    env: dict[str, str],
+    cwd: str,
+    own_fds: tuple,
+) -> int:
     """In the forked child: the party, as `python -m mpplug.remote.server` would run it."""
+    gc.enable()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -125,7 +137,12 @@ def _reply(replies: int, message: dict[str, Any]) -> None:
 def main() -> int:
     replies = os.dup(1)  # a party's stray print to fd 1 would corrupt the replies
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-    return serve(0, replies)
+    # what Python's gc docs advise for fork without exec: no collection leaves holes in the
+    # imported objects' pages, and none in a party writes to them (each would copy the page)
+    gc.disable()
+    party_server = importlib.import_module("mpplug.remote.server")
+    gc.freeze()
+    return serve(0, replies, party_server)
 
 
 if __name__ == "__main__":

@@ -41,9 +41,9 @@ class LocalParties:
     passed to each party (see `mpplug serve`). With `fork` (where the OS forks), each party is
     forked from a fork server that has imported the party server already
     (`mpplug.remote.forkserver`, one per environment, kept while this process runs): it
-    serves in about 0.1 s instead of 1-2 s, but ran small programs 10-20% slower than a
-    fresh interpreter does, so it is for many short-lived clusters (the test suite), not
-    for clusters that are timed or kept. Each party stops by itself when this process
+    serves in about 0.1 s instead of 1-2 s: for many short-lived clusters (the test suite).
+    By default each party is a fresh interpreter, as a deployment starts it (and as `ps`
+    names it). Each party stops by itself when this process
     is gone, even killed with SIGKILL. Used as a context manager, every process is killed on
     exit, even when the body fails.
     """
