@@ -157,6 +157,63 @@ def test_integer_conversions_as_xla(dtype: Any) -> None:
     _same_as_xla(lambda a: tuple(a.astype(t) for t in (*INTS, np.bool_, *FLOATS)), x)
 
 
+def _subnormal(dtype: Any) -> np.ndarray:
+    tiny = np.finfo(dtype).tiny
+    return np.array([tiny / 4, -tiny / 3, tiny / 2**20], dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+def test_a_subnormal_float_is_never_computed_with(dtype: Any) -> None:
+    """XLA's CPU code reads and writes subnormals as zeros (it gives 0 for tiny/4 * 1, and
+    True for tiny/4 == 0), so a call meeting one, as an argument or as what arithmetic on
+    normal floats gives, is refused and compiled; folded constants keep them, as XLA's
+    compiler does, so a module holding one is compiled."""
+    tiny = np.finfo(dtype).tiny
+    normal = np.array([tiny, -tiny * 1.5, 1.0], dtype)
+    for fn in (lambda a: a * 2, lambda a: -a, lambda a: a == 0, lambda a: a.astype(np.int32)):
+        plan = interpreted.plan_serialized(_export(fn, normal).mlir_module_serialized)
+        interpreted.call(plan, [normal])  # normal floats run
+        with pytest.raises(interpreted.NotExact, match="subnormal"):
+            interpreted.call(plan, [_subnormal(dtype)])
+    narrowed = np.array([1e-40, 1.0], np.float64)  # subnormal as a float32
+    makers: list[tuple[Callable[..., Any], np.ndarray]] = [
+        (lambda a: a * np.asarray(0.25, dtype), normal),
+        (lambda a: a / np.asarray(3, dtype), normal),
+        (lambda a: a + np.asarray(-tiny * 1.25, dtype), normal),
+        (lambda a: lax.rem(a, np.asarray(tiny * 2, dtype)), np.array([tiny * 2.5], dtype)),
+        (lambda a: a.astype(np.float32), narrowed),
+        (lambda a: lax.bitcast_convert_type(a, dtype), np.array([1, 0], f"i{normal.itemsize}")),
+    ]
+    for fn, arg in makers:
+        plan = interpreted.plan_serialized(_export(fn, arg).mlir_module_serialized)
+        with pytest.raises(interpreted.NotExact, match="subnormal"):
+            interpreted.call(plan, [arg])
+    kept = _export(lambda a: a + lax.mul(np.asarray(tiny, dtype), np.asarray(0.25, dtype)), normal)
+    with pytest.raises(interpreted.Unsupported, match="subnormal constant"):
+        interpreted.plan_serialized(kept.mlir_module_serialized)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+def test_adding_a_constant_zero_keeps_a_negative_zero_as_xla_does(dtype: Any) -> None:
+    """XLA's simplifier drops x + 0 and x - 0: -0.0 + 0.0 gives -0.0 (IEEE's sum is 0.0)."""
+    x = np.array([-0.0, 0.0, -1.5, np.nan, np.inf], dtype)
+    zero = np.asarray(0.0, dtype)
+    _same_as_xla(lambda a: (a + zero, zero + a, a - zero, a - np.asarray(-0.0, dtype)), x)
+    _same_as_xla(lambda a, b: (a + b, a - b, b - a), x, np.zeros_like(x))  # zeros at run time
+
+
+def test_a_runtime_compiles_a_call_that_meets_a_subnormal(empty_cache: None) -> None:
+    runtime = KernelRuntime()
+    x = np.array([np.finfo(np.float32).tiny, 3.0], np.float32)
+    pfunc = _pfunction(lambda a: (a * np.float32(0.5), a * np.float32(0.5) == 0), x)
+    jax_exec.prepare_jax_exec(pfunc, runtime)
+    assert runtime.cache(jax_exec.CACHE_NAMESPACE).get(pfunc.digest).interpreted
+    half, is_zero = mp.invoke(pfunc, x, runtime=runtime)
+    assert np.asarray(half).tolist() == [0.0, 1.5]  # XLA's: tiny / 2 flushed to zero
+    assert np.asarray(is_zero).tolist() == [True, False]
+    assert len(jax_exec._PROCESS_CACHE) == 1
+
+
 def test_bitcasts_between_widths_as_xla() -> None:
     x = _edges(np.uint64, 12).reshape(3, 4)
     _same_as_xla(lambda a: lax.bitcast_convert_type(a, np.uint32), x)

@@ -7,6 +7,11 @@ the module instead. A plan gives the bits XLA's executable gives, never close-by
 - integer ops wrap around, division by zero and shifts past the width give what XLA gives;
 - conversions from floats to integers saturate, and NaN gives 0;
 - float ops are only the correctly rounded IEEE ones: add, subtract, multiply, divide and sqrt;
+- no float value it computes with is subnormal: XLA's CPU code reads and writes subnormals as
+  zeros, but its compiler folds constants keeping them, so a call that meets one (an argument,
+  or a result of arithmetic) raises `NotExact` and the caller compiles; a module with a
+  subnormal constant is compiled. Adding or subtracting a constant zero is no op, as XLA's
+  simplifier makes it (it keeps -0.0, which IEEE's -0.0 + 0.0 does not);
 - a float reduction or product runs only when it is exact in any order: integral values whose
   sums stay within the mantissa. Otherwise the call raises `NotExact`, and the caller compiles.
 
@@ -81,7 +86,8 @@ class Unsupported(Exception):
 
 
 class NotExact(Exception):
-    """A float reduction or product whose result would depend on the order of its sums."""
+    """A float reduction or product whose result would depend on the order of its sums, or a
+    subnormal float, which XLA's code and numpy's treat differently."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +170,12 @@ def plan(module: ir.Module) -> Plan:
 
 
 def call(plan: Plan, args: Sequence[Any]) -> tuple[Array, ...]:
-    """Run a plan on any arrays (JAX arrays are read in place on the host)."""
-    outs = [np.asarray(o) for o in plan(*[np.asarray(a) for a in args])]
+    """Run a plan on any arrays (JAX arrays are read in place on the host); raises
+    `NotExact` where it cannot give XLA's bits."""
+    arrays = [np.asarray(a) for a in args]
+    for array in arrays:
+        _refuse_subnormals(array)
+    outs = [np.asarray(o) for o in plan(*arrays)]
     return tuple(o if o.flags.c_contiguous and o.flags.writeable else o.copy() for o in outs)
 
 
@@ -308,6 +318,9 @@ class _Block:
         handler = _HANDLERS.get(name)
         if handler is None:
             raise Unsupported(f"op {name}")
+        if self._adds_zero(op):
+            self.slots[results[0]] = slot(op.operands[0 if self._is_zero(op.operands[1]) else 1])
+            return
         fn = handler(self, op)
         ins = tuple([slot(v) for v in op.operands])
         outs = tuple([slot(r) for r in results])
@@ -319,9 +332,26 @@ class _Block:
             values = (value,) if isinstance(out, int) else tuple(value)
             if all(_foldable(v) for v in values):
                 for at, v in zip(outs, values, strict=True):
+                    if _has_subnormals(np.asarray(v)):  # folded by XLA too, as it is here
+                        raise Unsupported(f"a subnormal constant from {name}")
                     known[at] = v
                 return
+        if _may_make_subnormals(op):
+            fn = _refusing_subnormals(fn)
         self.steps.append((fn, ins, out))
+
+    def _is_zero(self, value: ir.Value) -> bool:
+        found = self.known.get(self.slot(value))
+        return found is not None and not np.any(_unbroadcast(np.asarray(found)))
+
+    def _adds_zero(self, op: ir.Operation) -> bool:
+        """Whether `op` adds a constant zero to a float, or subtracts one from it: XLA's
+        simplifier drops such an op, so -0.0 + 0.0 gives -0.0 there."""
+        if op.name not in ("stablehlo.add", "stablehlo.subtract") or _result(op)[1].kind != "f":
+            return False
+        return self._is_zero(op.operands[1]) or (
+            op.name == "stablehlo.add" and self._is_zero(op.operands[0])
+        )
 
     def finish(self, params: tuple[int, ...]) -> Plan:
         last: dict[int, int] = {}
@@ -347,12 +377,17 @@ def _constant_bound(value: Array) -> float | None:
     """The largest magnitude of a constant whose elements are all integers, else None."""
     if value.size == 0:
         return 0.0
-    value = value[tuple(slice(0, 1) if step == 0 else slice(None) for step in value.strides)]
+    value = _unbroadcast(value)
     if value.dtype.kind in "iu":
         return _at_least(max(int(value.max()), -int(value.min())))
     if value.dtype.kind == "f" and value.nbytes <= KEPT_CONSTANT_BYTES:
         return float(np.max(np.abs(value))) if np.array_equal(value, np.trunc(value)) else None
     return None  # (a big float constant is checked at each call, in chunks)
+
+
+def _unbroadcast(value: Array) -> Array:
+    """The elements a broadcast view holds (one along each axis it repeats)."""
+    return value[tuple(slice(0, 1) if step == 0 else slice(None) for step in value.strides)]
 
 
 def _int_magnitude(dtype: np.dtype, largest: bool = True) -> int:
@@ -422,6 +457,51 @@ def _foldable(value: Any) -> bool:
 
 
 _NOT_FOLDED = frozenset({"func.call"})
+
+_SUBNORMAL_SOURCES = frozenset(
+    f"stablehlo.{name}"
+    for name in (
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "remainder",
+        "convert",
+        "bitcast_convert",
+        "scatter",
+    )
+)
+"""Ops whose float results may be subnormal where their operands are not (the others move,
+pick, negate or round what they read, or sum only integral values; a conversion only from a
+float); a call checks what these give."""
+
+
+def _may_make_subnormals(op: ir.Operation) -> bool:
+    if op.name not in _SUBNORMAL_SOURCES or _result(op)[1].kind != "f":
+        return False
+    return op.name != "stablehlo.convert" or _tensor(op.operands[0])[1].kind == "f"
+
+
+def _has_subnormals(array: Array) -> bool:
+    if array.dtype.kind != "f" or array.size == 0:
+        return False
+    array = _unbroadcast(array)
+    small = np.abs(array) < np.finfo(array.dtype).tiny
+    return bool(small.any()) and bool(np.any(array[small]))
+
+
+def _refuse_subnormals(array: Array) -> None:
+    if _has_subnormals(array):
+        raise NotExact("a subnormal float (XLA's code reads and writes it as zero)")
+
+
+def _refusing_subnormals(fn: Fn) -> Fn:
+    def refusing(*args: Any) -> Any:
+        out = fn(*args)
+        _refuse_subnormals(np.asarray(out))
+        return out
+
+    return refusing
 
 
 # ---------------------------------------------------------------- op handlers
