@@ -25,15 +25,21 @@ Kernel = Callable[["PFunction", Sequence[Any], "KernelRuntime"], Sequence[Any]]
 
 @dataclass
 class _Entry:
-    source: str
+    described: str | None = None
     kernel: Kernel | None = None
     entry_point: EntryPoint | None = None
 
-
-def _entry_point_source(ep: EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    owner = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
-    return f"entry point {ep.value!r} ({owner})"
+    @property
+    def source(self) -> str:
+        """Where the kernel comes from, for error messages: asked only then, as an entry
+        point's distribution name and version are read from its metadata file."""
+        if self.described is not None:
+            return self.described
+        ep = self.entry_point
+        assert ep is not None
+        dist = getattr(ep, "dist", None)
+        owner = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+        return f"entry point {ep.value!r} ({owner})"
 
 
 class KernelRegistry:
@@ -78,7 +84,7 @@ class KernelRegistry:
         if self._discovered:
             return
         for ep in entry_points(group=self._group):
-            self._add(ep.name, _Entry(_entry_point_source(ep), entry_point=ep))
+            self._add(ep.name, _Entry(entry_point=ep))
         self._discovered = True
 
     def _add(self, fn_type: str, entry: _Entry) -> None:
@@ -87,7 +93,7 @@ class KernelRegistry:
             same_entry_point = (
                 existing.entry_point is not None
                 and entry.entry_point is not None
-                and existing.source == entry.source
+                and existing.entry_point.value == entry.entry_point.value
             )
             if same_entry_point or (entry.kernel is not None and entry.kernel is existing.kernel):
                 return  # one distribution seen twice on sys.path, or the same function again
