@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -31,18 +32,34 @@ ENCODE_LIMIT = 2.0**62
 `initial=-inf`) becomes the largest fixed-point magnitude, still compared exactly."""
 
 
-def encode(x: Any, frac_bits: int) -> jnp.ndarray:
+def encode(x: Any, frac_bits: int) -> Any:
     """Reals in fixed point: round(x * 2^frac_bits) in two's complement, clamped to
     +-2^62 (values beyond, such as +-inf, become the extremes); a public NaN (a branch
-    `jnp.median` or `nan*` functions select away) encodes as 0."""
-    scaled = jnp.round(jnp.nan_to_num(jnp.asarray(x, jnp.float64), nan=0.0) * (2.0**frac_bits))
-    scaled = jnp.clip(scaled, -ENCODE_LIMIT, ENCODE_LIMIT - 1024.0)
-    return scaled.astype(jnp.int64).astype(RING)
+    `jnp.median` or `nan*` functions select away) encodes as 0.
+
+    Every step is exact (a product by a power of two, rounding to an integer, a clamp), so
+    a value known while tracing (a constant) is encoded by numpy: its bits are XLA's, and
+    no XLA computation is compiled for it. A traced one is encoded with `lax`, not `jnp`,
+    whose functions are traced anew on their first call in a process."""
+    if not isinstance(x, jax.core.Tracer):
+        with np.errstate(over="ignore", invalid="ignore"):
+            real = np.asarray(x, np.float64)
+            scaled = np.rint(np.where(np.isnan(real), 0.0, real) * (2.0**frac_bits))
+            scaled = np.clip(scaled, -ENCODE_LIMIT, ENCODE_LIMIT - 1024.0)
+            return scaled.astype(np.int64).astype(np.uint64)
+    traced = lax.convert_element_type(x, jnp.float64)
+    traced = lax.select(lax.ne(traced, traced), lax.full_like(traced, 0.0), traced)
+    rounded = lax.round(
+        lax.mul(traced, np.float64(2.0**frac_bits)), lax.RoundingMethod.TO_NEAREST_EVEN
+    )
+    rounded = lax.clamp(np.float64(-ENCODE_LIMIT), rounded, np.float64(ENCODE_LIMIT - 1024.0))
+    return lax.convert_element_type(lax.convert_element_type(rounded, jnp.int64), RING)
 
 
 def decode(x: jnp.ndarray, frac_bits: int, dtype: Any) -> jnp.ndarray:
     """Ring elements read as signed fixed point, as `dtype` reals."""
-    return (x.astype(jnp.int64).astype(jnp.float64) / (2.0**frac_bits)).astype(dtype)
+    real = lax.convert_element_type(lax.convert_element_type(x, jnp.int64), jnp.float64)
+    return lax.convert_element_type(lax.mul(real, np.float64(2.0**-frac_bits)), dtype)
 
 
 @dataclass(frozen=True)
@@ -58,8 +75,10 @@ class Encoding:
     def __call__(self, v: Any) -> jnp.ndarray:
         if self.frac_bits is None:
             return to_ring(v)
-        if self.limit is not None:
-            v = jnp.where(jnp.abs(v) < self.limit, v, 0)
+        if self.limit is not None:  # a power of two: compared exactly in any float type
+            real = lax.convert_element_type(v, jnp.float64)
+            inside = lax.lt(lax.abs(real), np.float64(self.limit))
+            v = lax.select(inside, real, lax.full_like(real, 0.0))
         return encode(v, self.frac_bits)
 
 
