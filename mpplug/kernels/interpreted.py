@@ -483,11 +483,17 @@ def _may_make_subnormals(op: ir.Operation) -> bool:
 
 
 def _has_subnormals(array: Array) -> bool:
+    """Read in chunks, so a big argument costs no copy of itself."""
     if array.dtype.kind != "f" or array.size == 0:
         return False
-    array = _unbroadcast(array)
-    small = np.abs(array) < np.finfo(array.dtype).tiny
-    return bool(small.any()) and bool(np.any(array[small]))
+    flat = _unbroadcast(array).reshape(-1)
+    tiny = np.finfo(array.dtype).tiny
+    for start in range(0, flat.size, CHECK_CHUNK):
+        chunk = flat[start : start + CHECK_CHUNK]
+        small = np.abs(chunk) < tiny
+        if small.any() and np.any(chunk[small]):
+            return True
+    return False
 
 
 def _refuse_subnormals(array: Array) -> None:
