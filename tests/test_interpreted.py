@@ -134,7 +134,9 @@ def test_integer_ops_wrap_divide_and_shift_as_xla(dtype: Any) -> None:
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
 def test_float_ops_and_conversions_as_xla(dtype: Any) -> None:
     x, y = _edges(dtype), _edges(dtype)[::-1].copy()
-    _same_as_xla(lambda a, b: (a + b, a - b, a * b, a / b, jnp.maximum(a, b), a <= b), x, y)
+    _same_as_xla(lambda a, b: (a + b, a - b, a * b, a / b, a <= b), x, y)
+    numbers = ~np.isnan(x) & ~np.isnan(y)
+    _same_as_xla(lambda a, b: (jnp.maximum(a, b), jnp.minimum(a, b)), x[numbers], y[numbers])
     _same_as_xla(
         lambda a: (
             jnp.sqrt(jnp.abs(a)),
@@ -200,6 +202,33 @@ def test_adding_a_constant_zero_keeps_a_negative_zero_as_xla_does(dtype: Any) ->
     zero = np.asarray(0.0, dtype)
     _same_as_xla(lambda a: (a + zero, zero + a, a - zero, a - np.asarray(-0.0, dtype)), x)
     _same_as_xla(lambda a, b: (a + b, a - b, b - a), x, np.zeros_like(x))  # zeros at run time
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
+def test_float_extremes_put_zero_above_negative_zero_and_refuse_nans(dtype: Any) -> None:
+    """XLA's float maximum and minimum order +0.0 above -0.0 (numpy's give either zero),
+    reductions too, whatever the order; a NaN's sign they set their own way, so a plan meeting
+    a NaN there raises NotExact."""
+    x = np.array([0.0, -0.0, 0.0, -0.0, 1.5, -0.0], dtype)
+    y = np.array([-0.0, 0.0, 0.0, -0.0, -0.0, -2.0], dtype)
+    _same_as_xla(
+        lambda a, b: (
+            jnp.maximum(a, b),
+            jnp.minimum(a, b),
+            lax.clamp(b, a, -b),
+            lax.clamp(a, b, a),
+        ),
+        x,
+        y,
+    )
+    signs = np.array(
+        [[-0.0, 0.0, -0.0], [0.0, -0.0, -0.0], [-0.0, -0.0, -0.0], [0.0, 0.0, 3.0]], dtype
+    )
+    _same_as_xla(lambda a: (jnp.max(a, axis=1), jnp.min(a, axis=1), jnp.max(a), jnp.min(a)), signs)
+    for fn in (lambda a, b: jnp.maximum(a, b), lambda a, b: jnp.minimum(a, b)):
+        plan = interpreted.plan_serialized(_export(fn, x, y).mlir_module_serialized)
+        with pytest.raises(interpreted.NotExact, match="NaN"):
+            interpreted.call(plan, [x, np.where(y == 0, np.asarray(np.nan, dtype), y)])
 
 
 def test_a_runtime_compiles_a_call_that_meets_a_subnormal(empty_cache: None) -> None:

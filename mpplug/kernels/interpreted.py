@@ -327,8 +327,11 @@ class _Block:
         out: int | tuple[int, ...] = outs[0] if len(outs) == 1 else outs
         known = self.known
         if all(i in known for i in ins) and name not in _NOT_FOLDED:
-            with np.errstate(all="ignore"):
-                value = fn(*[known[i] for i in ins])
+            try:
+                with np.errstate(all="ignore"):
+                    value = fn(*[known[i] for i in ins])
+            except NotExact as exc:  # a constant the plan cannot give XLA's bits of
+                raise Unsupported(str(exc)) from None
             values = (value,) if isinstance(out, int) else tuple(value)
             if all(_foldable(v) for v in values):
                 for at, v in zip(outs, values, strict=True):
@@ -569,9 +572,39 @@ def _elementwise(block: _Block, op: ir.Operation) -> Fn:
         raise Unsupported(f"{name} on {dtype}")
     if name in ("and", "or", "xor", "not") and is_float:
         raise Unsupported(f"{name} on {dtype}")
+    if is_float and name in _ORDERED_ZEROS:
+        return _ORDERED_ZEROS[name]
     fn = _ELEMENTWISE[name]
     # numpy keeps the operands' dtype for all of these but popcnt (uint8): no wrapper per call
     return _typed(fn, dtype) if name == "popcnt" else fn
+
+
+def _float_maximum(x: Array, y: Array) -> Array:
+    """XLA's maximum of floats: +0.0 above -0.0 (numpy's gives either of two zeros)."""
+    out = np.maximum(x, y)
+    _refuse_nans(out)
+    zeros = (x == 0) & (y == 0)
+    return np.where(zeros, np.add(x, y), out) if zeros.any() else out  # -0 only from -0 + -0
+
+
+def _float_minimum(x: Array, y: Array) -> Array:
+    """XLA's minimum of floats: -0.0 below +0.0."""
+    out = np.minimum(x, y)
+    _refuse_nans(out)
+    zeros = (x == 0) & (y == 0)
+    if not zeros.any():
+        return out
+    return np.where(zeros, np.negative(np.add(np.negative(x), np.negative(y))), out)
+
+
+def _refuse_nans(out: Array) -> None:
+    if np.isnan(out).any():
+        raise NotExact(
+            "a NaN from a float maximum or minimum (XLA's code sets its sign its own way)"
+        )
+
+
+_ORDERED_ZEROS: dict[str, Fn] = {"maximum": _float_maximum, "minimum": _float_minimum}
 
 
 @_handles("shift_right_logical", "shift_right_arithmetic")
@@ -630,6 +663,8 @@ def _sign(block: _Block, op: ir.Operation) -> Fn:
 @_handles("clamp")
 def _clamp(block: _Block, op: ir.Operation) -> Fn:
     _, dtype = _result(op)
+    if dtype.kind == "f":
+        return _typed(lambda low, x, high: _float_minimum(_float_maximum(x, low), high), dtype)
     return _typed(lambda low, x, high: np.minimum(np.maximum(x, low), high), dtype)
 
 
@@ -986,6 +1021,7 @@ def _reduce(block: _Block, op: ir.Operation) -> Fn:
     if dtype.kind == "b" and ufunc in (np.add, np.multiply):
         raise Unsupported("a sum of booleans")
     sums = ufunc in (np.add, np.multiply)
+    extreme = dtype.kind == "f" and ufunc in (np.maximum, np.minimum)
 
     def reduce(x: Array, init: Array) -> Array:
         x = np.asarray(x)
@@ -995,9 +1031,25 @@ def _reduce(block: _Block, op: ir.Operation) -> Fn:
                 raise NotExact("a float product")
             _check_exact(terms, x)
             _check_exact(terms, np.asarray(init))
+        if extreme:
+            return _float_extreme(ufunc, x, axes, init).astype(dtype)
         return ufunc(ufunc.reduce(x, axis=axes), init).astype(dtype)
 
     return reduce
+
+
+def _float_extreme(ufunc: np.ufunc, x: Array, axes: tuple[int, ...], init: Array) -> Array:
+    """XLA's float max (or min) reduction: a zero extreme is +0.0 (-0.0) where one of the
+    zeros is, whatever order numpy took them in."""
+    maximum = ufunc is np.maximum
+    out = ufunc.reduce(x, axis=axes)
+    _refuse_nans(out)
+    zero = out == 0
+    if np.any(zero):
+        wanted = np.any((x == 0) & (np.signbit(x) != maximum), axis=axes)
+        signed = np.where(wanted == maximum, 0.0, -0.0).astype(out.dtype)
+        out = np.where(zero, signed, out)
+    return (_float_maximum if maximum else _float_minimum)(out, init)
 
 
 @_handles("sort")
