@@ -363,7 +363,14 @@ def test_integer_sorts_and_vector_scatters_as_xla() -> None:
     ],
     ids=["same", "strided-dilated", "lhs-dilated", "groups", "nhwc"],
 )
-def test_convolutions_of_integral_floats_and_ring_integers_as_xla(form: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "unfold_limit", [interpreted.UNFOLD_LIMIT_BYTES, 0], ids=["one", "per-tap"]
+)
+def test_convolutions_of_integral_floats_and_ring_integers_as_xla(
+    form: dict[str, Any], unfold_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As one product of all the windows, or (past `UNFOLD_LIMIT_BYTES`) one per tap."""
+    monkeypatch.setattr(interpreted, "UNFOLD_LIMIT_BYTES", unfold_limit)
     numbers = form.get("dimension_numbers")
     groups = form.get("feature_group_count", 1)
     x = RNG.integers(-(2**12), 2**12, (2, 4, 7, 6)).astype(np.float64)

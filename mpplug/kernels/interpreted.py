@@ -60,6 +60,10 @@ VALUE_LIMIT_BYTES = 64 << 20
 """A module with an op result bigger than this is compiled: numpy would hold each such value
 in memory where XLA fuses the ops and holds none (a big dataset's first run)."""
 
+UNFOLD_LIMIT_BYTES = 64 << 20
+"""A convolution whose input windows, side by side, take at most this runs as one product;
+a bigger one sums a product per window offset."""
+
 CHECK_CHUNK = 1 << 20
 """Elements read at a time when checking that a float sum is exact."""
 
@@ -1221,7 +1225,8 @@ def _convolution(block: _Block, op: ir.Operation) -> Fn:
     from_nchw = list(np.argsort(out_order))
     window = [kernel_shape[d] for d in numbers.kernel_spatial_dimensions]
     terms = int(np.prod(window)) * kernel_shape[numbers.kernel_input_feature_dimension]
-    checked = dtype.kind == "f" and not _exact_as_planned(block, op, terms, dtype)
+    floats = dtype.kind == "f"
+    checked = floats and not _exact_as_planned(block, op, terms, dtype)
 
     def convolution(x: Array, k: Array) -> Array:
         x = np.asarray(x, dtype).transpose(to_nchw)
@@ -1256,14 +1261,25 @@ def _convolution(block: _Block, op: ir.Operation) -> Fn:
         o = k.shape[0]
         grouped = padded.reshape(n, groups, c // groups, *padded.shape[2:])
         kernels = k.reshape(groups, o // groups, k.shape[1], *window)
-        out = np.zeros((n, groups, o // groups, *out_sizes), dtype)
-        for offset in np.ndindex(*window):
-            taps = tuple(
-                slice(i * d, i * d + (size - 1) * s + 1, s)
-                for i, d, s, size in zip(offset, rhs_dilation, strides, out_sizes, strict=True)
+        windows = [
+            grouped[(slice(None), slice(None), slice(None), *taps)]
+            for taps in (
+                tuple(
+                    slice(i * d, i * d + (size - 1) * s + 1, s)
+                    for i, d, s, size in zip(offset, rhs_dilation, strides, out_sizes, strict=True)
+                )
+                for offset in np.ndindex(*window)
             )
-            inputs = grouped[(slice(None), slice(None), slice(None), *taps)]
-            out += np.einsum("ngc...,goc->ngo...", inputs, kernels[(Ellipsis, *offset)])
-        return out.reshape(n, o, *out_sizes).transpose(from_nchw)
+        ]
+        if windows[0].nbytes * len(windows) <= UNFOLD_LIMIT_BYTES:
+            # all taps in one product (BLAS's, for floats; exact sums in any order)
+            unfolded = np.stack(windows, axis=3)
+            flat_kernels = kernels.reshape(*kernels.shape[:3], len(windows))
+            out = np.einsum("ngck...,gock->ngo...", unfolded, flat_kernels, optimize=floats)
+        else:
+            out = np.zeros((n, groups, o // groups, *out_sizes), dtype)
+            for offset, inputs in zip(np.ndindex(*window), windows, strict=True):
+                out += np.einsum("ngc...,goc->ngo...", inputs, kernels[(Ellipsis, *offset)])
+        return np.asarray(out, dtype).reshape(n, o, *out_sizes).transpose(from_nchw)
 
     return convolution
