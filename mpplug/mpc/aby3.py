@@ -401,7 +401,8 @@ class ABY3(Protocol):
         return _pair(_by_role(ctx, y0, y1, y2), _by_role(ctx, y1, y2, y0))
 
     def xor_public(self, ctx: Context, a: Shares, mask: Any) -> Shares:
-        return a ^ self.lift(ctx, jnp.broadcast_to(mask, a.shape[1:]).astype(a.dtype))
+        public = jnp.broadcast_to(mask, a.shape[1:]).astype(a.dtype)
+        return lax.bitwise_xor(a, self.lift(ctx, public))
 
     def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:
         dtype = _DTYPE_OF_BITS[max(8, 1 << max(0, bits - 1).bit_length())]
@@ -413,17 +414,20 @@ class ABY3(Protocol):
         return lax.convert_element_type(self._reshare(ctx, z, "and.reshare"), ring.RING)
 
     def msb(self, ctx: Context, a: Shares, width: int = 64, carry: Shares | None = None) -> Shares:
+        # lax calls, not operators: jnp's operators cost several times their work to trace
+        xor, both_set, either = lax.bitwise_xor, lax.bitwise_and, lax.bitwise_or
+        shl, shr = lax.shift_left, lax.shift_right_logical
         wide = width == 64
         mask = _u64((1 << width) - 1)
         x0, x1, x2 = (
-            self.lift_slot(ctx, a, j) if wide else self.lift_slot(ctx, a, j) & mask
+            self.lift_slot(ctx, a, j) if wide else both_set(self.lift_slot(ctx, a, j), mask)
             for j in range(3)
         )
-        s = x0 ^ x1 ^ x2
+        s = xor(xor(x0, x1), x2)
         # majority: the carry-save adder's carries
-        majority = self.and_(ctx, x0 ^ x2, x1 ^ x2, width) ^ x2
-        c = majority << np.uint64(1) if wide else (majority << np.uint64(1)) & mask
-        top = ((s ^ c) >> np.uint64(width - 1)) & np.uint64(1)
+        majority = xor(self.and_(ctx, xor(x0, x2), xor(x1, x2), width), x2)
+        c = shl(majority, _u64(1)) if wide else both_set(shl(majority, _u64(1)), mask)
+        top = both_set(shr(xor(s, c), _u64(width - 1)), _u64(1))
         # Carry into the top bit of s + c: the group generate of the bits below it, by
         # Kogge-Stone reduction; the top bit gets (generate 0, propagate 1) so the group over
         # all `width` bits is it. A carry in enters at bit 0 (c's bit 0 is 0, so bit 0 alone
@@ -431,24 +435,27 @@ class ABY3(Protocol):
         # (G, P) of bits 1..width-2, and the carry is G ^ (P & s0 & carry), two 1-bit ANDs
         # that run beside the reduction instead of a reduction after the carry is known.
         ends = _u64((1 << (width - 1)) | (0 if carry is None else 1))
-        g = self.and_(ctx, s, c, width) & ~_u64(1 << (width - 1))
-        p = self.xor_public(ctx, (s ^ c) & ~ends, ends)
+        g = both_set(self.and_(ctx, s, c, width), ~_u64(1 << (width - 1)))
+        p = self.xor_public(ctx, both_set(xor(s, c), ~ends), ends)
         if carry is not None:
-            first = self.and_(ctx, s & np.uint64(1), carry & np.uint64(1), bits=1)
+            first = self.and_(ctx, both_set(s, _u64(1)), both_set(carry, _u64(1)), bits=1)
         while width > 1:
             half = width // 2
-            g_lo, g_hi = _compress_even(g, width), _compress_even(g >> np.uint64(1), width)
-            p_lo, p_hi = _compress_even(p, width), _compress_even(p >> np.uint64(1), width)
+            g_lo, g_hi = _compress_even(g, width), _compress_even(shr(g, _u64(1)), width)
+            p_lo, p_hi = _compress_even(p, width), _compress_even(shr(p, _u64(1)), width)
             both = self.and_(
-                ctx, p_hi | (p_hi << np.uint64(half)), g_lo | (p_lo << np.uint64(half)), width
+                ctx,
+                either(p_hi, shl(p_hi, _u64(half))),
+                either(g_lo, shl(p_lo, _u64(half))),
+                width,
             )
             lane = _u64((1 << half) - 1)
-            g = g_hi ^ (both & lane)
-            p = (both >> np.uint64(half)) & lane
+            g = xor(g_hi, both_set(both, lane))
+            p = both_set(shr(both, _u64(half)), lane)
             width = half
         if carry is not None:
-            g = g ^ self.and_(ctx, p & np.uint64(1), first, bits=1)
-        return (top ^ g) & np.uint64(1)
+            g = xor(g, self.and_(ctx, both_set(p, _u64(1)), first, bits=1))
+        return both_set(xor(top, g), _u64(1))
 
     def shuffle(self, ctx: Context, a: Shares, blocks: int) -> Shares:
         # Three permutations, each known to two roles: pa to roles 2 and 0 (key k0), pb to 0
@@ -519,9 +526,10 @@ class ABY3(Protocol):
         return (s ^ c ^ (g << np.uint64(1))) & mask
 
     def b2a(self, ctx: Context, bit: Shares) -> Shares:
-        b0, b1, b2 = (self.lift_slot(ctx, bit & np.uint64(1), j) for j in range(3))
-        t = b0 + b1 - (self.mul(ctx, b0, b1) << np.uint64(1))
-        return t + b2 - (self.mul(ctx, t, b2) << np.uint64(1))
+        one = _u64(1)
+        b0, b1, b2 = (self.lift_slot(ctx, lax.bitwise_and(bit, one), j) for j in range(3))
+        t = lax.sub(lax.add(b0, b1), lax.shift_left(self.mul(ctx, b0, b1), one))
+        return lax.sub(lax.add(t, b2), lax.shift_left(self.mul(ctx, t, b2), one))
 
     def lift_slot(self, ctx: Context, a: Shares, j: int) -> Shares:
         """Share x_j of `a` alone, as shares of the same kind (its two holders know it)."""
