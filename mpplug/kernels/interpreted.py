@@ -11,7 +11,9 @@ the module instead. A plan gives the bits XLA's executable gives, never close-by
   zeros, but its compiler folds constants keeping them, so a call that meets one (an argument,
   or a result of arithmetic) raises `NotExact` and the caller compiles; a module with a
   subnormal constant is compiled. Adding or subtracting a constant zero is no op, as XLA's
-  simplifier makes it (it keeps -0.0, which IEEE's -0.0 + 0.0 does not);
+  simplifier makes it (it keeps -0.0, which IEEE's -0.0 + 0.0 does not). Float arithmetic that
+  gives a NaN raises `NotExact` too: of two NaN operands, XLA's code and numpy's keep
+  different ones;
 - a float reduction or product runs only when it is exact in any order: integral values whose
   sums stay within the mantissa. Otherwise the call raises `NotExact`, and the caller compiles.
 
@@ -344,7 +346,7 @@ class _Block:
                     known[at] = v
                 return
         if _may_make_subnormals(op):
-            fn = _refusing_subnormals(fn)
+            fn = _refusing_subnormals(fn, nans=name in _ARITHMETIC)
         self.steps.append((fn, ins, out))
 
     def _is_zero(self, value: ir.Value) -> bool:
@@ -489,29 +491,40 @@ def _may_make_subnormals(op: ir.Operation) -> bool:
     return op.name != "stablehlo.convert" or _tensor(op.operands[0])[1].kind == "f"
 
 
-def _has_subnormals(array: Array) -> bool:
-    """Read in chunks, so a big argument costs no copy of itself."""
+_ARITHMETIC = frozenset(
+    f"stablehlo.{name}" for name in ("add", "subtract", "multiply", "divide", "remainder")
+)
+"""Float ops whose NaN results XLA's code and numpy's may give other bits of."""
+
+
+def _has_subnormals(array: Array, nans: bool = False) -> bool:
+    """Whether `array` holds a subnormal float (or, with `nans`, a NaN). Read in chunks,
+    so a big argument costs no copy of itself."""
     if array.dtype.kind != "f" or array.size == 0:
         return False
     flat = _unbroadcast(array).reshape(-1)
     tiny = np.finfo(array.dtype).tiny
     for start in range(0, flat.size, CHECK_CHUNK):
         chunk = flat[start : start + CHECK_CHUNK]
-        small = np.abs(chunk) < tiny
+        # zeros and subnormals are below tiny; a NaN is not at or above it either
+        small = ~(np.abs(chunk) >= tiny) if nans else np.abs(chunk) < tiny
         if small.any() and np.any(chunk[small]):
             return True
     return False
 
 
-def _refuse_subnormals(array: Array) -> None:
-    if _has_subnormals(array):
-        raise NotExact("a subnormal float (XLA's code reads and writes it as zero)")
+def _refuse_subnormals(array: Array, nans: bool = False) -> None:
+    if _has_subnormals(array, nans):
+        raise NotExact(
+            "a subnormal float (XLA's code reads and writes it as zero)"
+            + (", or a NaN from arithmetic (of two, XLA's code keeps another)" if nans else "")
+        )
 
 
-def _refusing_subnormals(fn: Fn) -> Fn:
+def _refusing_subnormals(fn: Fn, nans: bool) -> Fn:
     def refusing(*args: Any) -> Any:
         out = fn(*args)
-        _refuse_subnormals(np.asarray(out))
+        _refuse_subnormals(np.asarray(out), nans)
         return out
 
     return refusing
