@@ -93,7 +93,7 @@ class Unsupported(Exception):
 
 class NotExact(Exception):
     """A float reduction or product whose result would depend on the order of its sums, or a
-    subnormal float, which XLA's code and numpy's treat differently."""
+    float XLA's code and numpy's give other bits for: a subnormal, or a NaN from arithmetic."""
 
 
 @dataclass(frozen=True, slots=True)
