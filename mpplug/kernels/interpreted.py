@@ -324,8 +324,9 @@ class _Block:
         handler = _HANDLERS.get(name)
         if handler is None:
             raise Unsupported(f"op {name}")
-        if self._adds_zero(op):
-            self.slots[results[0]] = slot(op.operands[0 if self._is_zero(op.operands[1]) else 1])
+        kept = self._zero_added(op)
+        if kept is not None:
+            self.slots[results[0]] = slot(kept)
             return
         fn = handler(self, op)
         ins = tuple([slot(v) for v in op.operands])
@@ -353,14 +354,16 @@ class _Block:
         found = self.known.get(self.slot(value))
         return found is not None and not np.any(_unbroadcast(np.asarray(found)))
 
-    def _adds_zero(self, op: ir.Operation) -> bool:
-        """Whether `op` adds a constant zero to a float, or subtracts one from it: XLA's
-        simplifier drops such an op, so -0.0 + 0.0 gives -0.0 there."""
+    def _zero_added(self, op: ir.Operation) -> ir.Value | None:
+        """The other operand where `op` adds a constant zero to a float, or subtracts one
+        from it: XLA's simplifier drops such an op, so -0.0 + 0.0 gives -0.0 there."""
         if op.name not in ("stablehlo.add", "stablehlo.subtract") or _result(op)[1].kind != "f":
-            return False
-        return self._is_zero(op.operands[1]) or (
-            op.name == "stablehlo.add" and self._is_zero(op.operands[0])
-        )
+            return None
+        if self._is_zero(op.operands[1]):
+            return op.operands[0]
+        if op.name == "stablehlo.add" and self._is_zero(op.operands[0]):
+            return op.operands[1]
+        return None
 
     def finish(self, params: tuple[int, ...]) -> Plan:
         last: dict[int, int] = {}
