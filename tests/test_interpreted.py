@@ -327,6 +327,27 @@ def test_gathers_reductions_and_products_as_xla() -> None:
     _same_as_xla(lambda p, q: (p @ q, p.sum(axis=1)), whole_a, whole_b)
 
 
+def test_rows_of_a_vector_gathered_as_xla() -> None:
+    """A gather of rows of a vector (how a round reads its small PRF views), starts before,
+    inside and past the vector clamped as XLA clamps them, in signed and unsigned indices."""
+    words = RNG.integers(0, 2**63, 40, dtype=np.uint64)
+    dims = lax.GatherDimensionNumbers(
+        offset_dims=(1,), collapsed_slice_dims=(), start_index_map=(0,)
+    )
+    for starts in (
+        np.array([[0], [7], [-5], [39], [33], [2**31 - 1]], np.int32),
+        np.array([[0], [35], [2**32 - 1]], np.uint32),
+    ):
+        _same_as_xla(
+            lambda w, s: (
+                lax.gather(w, s, dims, (6,), mode=lax.GatherScatterMode.CLIP),
+                lax.gather(w, s, dims, (40,), mode=lax.GatherScatterMode.CLIP),
+            ),
+            words,
+            starts,
+        )
+
+
 def test_integer_sorts_and_vector_scatters_as_xla() -> None:
     """Stable sorts by one integer key (equal keys in their order, either direction, with
     payloads), and updates put at indices of a vector (out-of-range ones dropped)."""

@@ -89,6 +89,24 @@ def test_each_role_draws_only_the_streams_its_row_chose():
     assert not beyond[2:].any()
 
 
+def test_slack_is_zeros_after_the_widest_row():
+    keys = np.random.default_rng(4).integers(0, 2**32, (2, 8), dtype=np.uint32)
+    draw = keystream_pfunction([20, 21], [2, 1], [[1, 0], [0, 1]], slack=3)
+    assert draw.attrs["slack"] == 3
+    assert draw.outs_info[0].shape == ((2 + 3) * 8,)  # the widest row, then 3 blocks of zeros
+    role0 = run(draw, keys, np.int32(0))
+    np.testing.assert_array_equal(
+        role0[:2], keystream_blocks(keys[0].astype("<u4").tobytes(), 20, 2)
+    )
+    assert not role0[2:].any()
+    role1 = run(draw, keys, np.int32(1))
+    np.testing.assert_array_equal(
+        role1[:1], keystream_blocks(keys[1].astype("<u4").tobytes(), 21, 1)
+    )
+    assert not role1[1:].any()
+    assert "slack" not in keystream_pfunction([20], [1], [[1]]).attrs
+
+
 def test_malformed_records_are_refused_with_what_is_wrong():
     good = keystream_pfunction([1, 2], [1, 1], [[1, 1]])
     keys = np.zeros((2, 8), np.uint32)
@@ -100,6 +118,9 @@ def test_malformed_records_are_refused_with_what_is_wrong():
         "streams": ({"streams": (1, 2)}, "packed <u8 values"),
         "odd bytes": ({"streams": bytes(9)}, "multiple of 8"),
         "huge": ({"counts": np.asarray([2**30, 1], "<u4").tobytes()}, None),
+        "slack": ({"slack": -1}, "'slack' to be an int"),
+        "slack type": ({"slack": b"1"}, "'slack' to be an int"),
+        "slack types": ({"slack": 1}, "expected"),  # the output no longer has its width
     }
     for name, (attrs, message) in cases.items():
         bad = PFunction(

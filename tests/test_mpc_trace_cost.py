@@ -4,11 +4,13 @@ is traced, scheduled, written into a round and compiled (or planned) before the 
 from __future__ import annotations
 
 import collections
+import re
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export as jax_export
 
 import mpplug as mp
 from mpplug.core.graph import OpKind
@@ -95,3 +97,28 @@ def test_rounds_that_differ_only_in_their_streams_are_one_function(
     monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))
     calls, functions = _round_calls(jnp.exp)
     assert functions <= 16 < calls, (calls, functions)
+
+
+def test_a_round_reads_its_small_streams_with_one_gather(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round takes the PRF streams it reads (at most `SMALL_VIEW_WORDS` words each) as
+    rows of one gather of the keystream buffer, then a slice and a reshape each: no dynamic
+    slice of the buffer a stream (with a slice and a reshape of its start before it)."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))
+
+    @mp.function
+    def program(x: Any, y: Any) -> Any:
+        a, b = mp.mpc.seal((x, y))
+        return mp.mpc.reveal(mp.mpc.run(lambda a, b: a * b * b, a, b), to=0)
+
+    spec = mp.MPObject(mp.TensorType("float32", (4,)), {0})
+    graph = mp.compile(program, spec, spec, world_size=3).graph
+    gathers = buffer_slices = 0
+    for pfunc in graph.functions:
+        if not pfunc.fn_name.startswith("mpc."):
+            continue
+        text = jax_export.deserialize(bytearray(pfunc.fn_body)).mlir_module()
+        gathers += text.count("stablehlo.gather")
+        buffer_slices += len(re.findall(r"stablehlo\.dynamic_slice.*\(tensor<\d+xui64>", text))
+    assert gathers >= 2 and buffer_slices == 0, (gathers, buffer_slices)

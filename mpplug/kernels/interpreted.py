@@ -1159,6 +1159,8 @@ def _gather(block: _Block, op: ir.Operation) -> Fn:
     dropped = set(numbers.collapsed_slice_dims) | set(operand_batch)
     sizes = _ints(op.attributes["slice_sizes"])
     shape, _ = _result(op)
+    if offset_dims == [1] and start_map == [0] and not dropped and len(shape) == 2:
+        return _row_gather(sizes[0])  # of a vector, from int[rows, 1] or int[rows]
 
     def gather(x: Array, indices: Array) -> Array:
         x, indices = np.asarray(x), np.asarray(indices)
@@ -1166,9 +1168,7 @@ def _gather(block: _Block, op: ir.Operation) -> Fn:
             indices = indices[..., None]
         else:
             indices = np.moveaxis(indices, vector_dim, -1)
-        if indices.dtype.kind == "u":
-            indices = np.minimum(indices, np.iinfo(np.int64).max)
-        indices = indices.astype(np.int64)
+        indices = _as_int64(indices)
         batch = indices.shape[:-1]
         rank = x.ndim
         grids = []
@@ -1199,6 +1199,27 @@ def _gather(block: _Block, op: ir.Operation) -> Fn:
         return full.transpose(order)
 
     return gather
+
+
+def _as_int64(indices: Array) -> Array:
+    """Indices as int64, an unsigned one past int64's range at its top (all clamp alike)."""
+    if indices.dtype.kind == "u":
+        indices = np.minimum(indices.astype(np.uint64), np.uint64(np.iinfo(np.int64).max))
+    return indices.astype(np.int64)
+
+
+def _row_gather(width: int) -> Fn:
+    """A gather of rows of `width` elements of a vector from starts (int[rows, 1] or
+    int[rows]), each clamped into range: a copy of each row (the general gather indexes every
+    element)."""
+
+    def rows(x: Array, indices: Array) -> Array:
+        x, indices = np.asarray(x), np.asarray(indices)
+        starts = indices.reshape(indices.shape[0])  # one index a row
+        starts = np.clip(_as_int64(starts), 0, x.shape[0] - width)
+        return np.lib.stride_tricks.sliding_window_view(x, width)[starts]
+
+    return rows
 
 
 def _call(block: _Block, op: ir.Operation) -> Fn:

@@ -61,17 +61,19 @@ def keystream_pfunction(
     counts: Sequence[int],
     rows: Sequence[Sequence[int]],
     stride: int | None = None,
+    slack: int = 0,
 ) -> PFunction:
     """(keys u32[S, 8][, role i32[]][, iteration i32[]]) -> u64[width * 8]: the blocks of the
     streams row `role` chose (1s in `rows[role]`; a role past the last row takes the last),
     stream i's `counts[i]` blocks under key i from its row's offset, laid end to end; the rest
-    is zeros. Without several rows there is no role input. With a `stride`, iteration t of a
-    loop draws stream `streams[i] + t * stride` in place of `streams[i]` (t >= 0).
+    is zeros (`width` is the widest row's blocks and `slack` more). Without several rows there
+    is no role input. With a `stride`, iteration t of a loop draws stream
+    `streams[i] + t * stride` in place of `streams[i]` (t >= 0).
 
     The layout travels packed (a program draws thousands of streams): `streams` as
     little-endian uint64s, `counts` as uint32s, `rows` as one byte (0 or 1) per stream, row
     after row."""
-    width = max(sum(c for c, on in zip(counts, row, strict=True) if on) for row in rows)
+    width = max(sum(c for c, on in zip(counts, row, strict=True) if on) for row in rows) + slack
     ins = [TensorType(DType.UINT32, (len(streams), 8))]
     if len(rows) > 1:
         ins.append(ROLE_TYPE)
@@ -83,6 +85,8 @@ def keystream_pfunction(
     if stride is not None:
         ins.append(ITERATION_TYPE)
         attrs["stride"] = int(stride)
+    if slack:
+        attrs["slack"] = int(slack)
     out = TensorType(DType.UINT64, (width * BLOCK_WORDS_64,))
     return PFunction(KEYSTREAM, "keystream", b"", tuple(ins), (out,), attrs)
 
@@ -110,6 +114,12 @@ def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], in
                 :300
             ]
         )
+    slack = pfunc.attrs.get("slack", 0)
+    if not isinstance(slack, int) or isinstance(slack, bool) or not 0 <= slack <= MAX_BLOCKS:
+        raise InvalidPFunctionError(
+            f"{KEYSTREAM}: expected attribute 'slack' to be an int in 0..{MAX_BLOCKS}, got "
+            f"{slack!r}"[:300]
+        )
     flags = _packed(pfunc, "rows", "u1")
     if len(counts) != len(streams) or len(flags) % len(streams) or (flags > 1).any():
         raise InvalidPFunctionError(
@@ -120,7 +130,7 @@ def _layout(pfunc: PFunction) -> tuple[list[int], list[int], list[list[int]], in
     rows = flags.reshape(-1, len(streams)).astype(int).tolist()
     if any(c < 1 for c in counts):
         raise InvalidPFunctionError(f"{KEYSTREAM}: counts >= 1 expected")
-    width = max(sum(c for c, on in zip(counts, r, strict=True) if on) for r in rows)
+    width = max(sum(c for c, on in zip(counts, r, strict=True) if on) for r in rows) + slack
     expected_ins = (
         (TensorType(DType.UINT32, (len(streams), 8)),)
         + ((ROLE_TYPE,) if len(rows) > 1 else ())

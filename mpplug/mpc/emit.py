@@ -274,6 +274,16 @@ class Builder:
         picked = self.dynamic_slice_in_dim(x, index, 1, 0)
         return picked if keepdims else self.reshape(picked, x.shape[1:])
 
+    def gather_rows(self, x: Any, starts: Any, width: int) -> Value:
+        """Rows of `width` words of the vector `x` from each of `starts` (int32[rows, 1]),
+        each start clamped into range, as `LAX.gather_rows` writes them."""
+        x, starts = self.value(x), self.value(starts)
+        props = (
+            "dimension_numbers = #stablehlo.gather<offset_dims = [1], start_index_map = [0], "
+            f"index_vector_dim = 1>, slice_sizes = {_i64s([width])}"
+        )
+        return self.op("gather", [x, starts], (starts.shape[0], width), x.dtype, props)
+
     def bitwise_or(self, x: Any, y: Any) -> Value:
         return self._elementwise("or", [x, y])
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -323,11 +324,13 @@ def record_rounds(
         keep = list(dict.fromkeys(keep + entering + missing))
         views: list[Var] = []
         if randomness is not None:
-            views = [
-                v
-                for v in dict.fromkeys(r for r in [*reads, *keep] if _is_var(r))
-                if v in randomness.index
-            ]
+            views = randomness.ordered(
+                [
+                    v
+                    for v in dict.fromkeys(r for r in [*reads, *keep] if _is_var(r))
+                    if v in randomness.index
+                ]
+            )
             kept = {*missing, *entering}
             keep = [v for v in keep if v not in remade or v in kept]
         if eqns or sends or keep:
@@ -463,6 +466,11 @@ def _made_by(derived: dict[Var, JaxprEqn], values: list[Var], made: set[Var]) ->
 
 BUFFER = "keystream"
 """The run's keystream buffer, held between rounds like a share program variable."""
+SMALL_VIEW_WORDS = 16384
+"""Streams of at most this many words (128 KiB) a round reads by one gather, each a row of
+the widest one's length, and a slice of its row: two ops a view, not four (a slice and a
+reshape of `STARTS` and a dynamic slice and reshape of the buffer). A bigger one is a dynamic
+slice of its own, not a row read past its end."""
 STARTS = "stream starts"
 """Where the streams a round reads start in the buffer: an input of the round, not constants
 in its module, so that rounds doing the same work on other streams (the squarings of `exp`,
@@ -489,6 +497,12 @@ class _Randomness:
         self.streams = [e.params["stream"] for e in eqns]
         self.shapes = [e.params["shape"] for e in eqns]
         self.counts = [blocks_for(shape) for shape in self.shapes]
+        self.words = [math.prod(shape) for shape in self.shapes]
+        small = [w for w in self.words if w <= SMALL_VIEW_WORDS]
+        self.slack = -(-max(small, default=0) // BLOCK_WORDS_64)
+        """Blocks of zeros after the streams, so that a round gathering its small views as
+        rows of its widest one's length never reads past the buffer (a gather would clamp
+        such a row back into it, onto other words)."""
         users = [e.params["roles"] for e in eqns]
         named = [u for u in users if u is not None]
         self.role: Any = None
@@ -545,7 +559,7 @@ class _Randomness:
         (out,) = tensor_outs(pfunc)
         types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
         stride = None if self.iteration is None else self.iteration[1]
-        draw = keystream_pfunction(self.streams, self.counts, self.rows, stride)
+        draw = keystream_pfunction(self.streams, self.counts, self.rows, stride, self.slack)
         args = [table, *([held[self.role]] if len(self.rows) > 1 else [])]
         if self.iteration is not None:
             args.append(held[self.iteration[0]])
@@ -553,6 +567,15 @@ class _Randomness:
         (out,) = tensor_outs(draw)
         types.append(jax.ShapeDtypeStruct(out.shape, out.dtype.numpy))
         return buffer
+
+    def small(self, views: Sequence[Var]) -> list[Var]:
+        """Those of `views` of at most `SMALL_VIEW_WORDS` words."""
+        return [v for v in views if self.words[self.index[v]] <= SMALL_VIEW_WORDS]
+
+    def ordered(self, views: list[Var]) -> list[Var]:
+        """`views` in the order a round reads them: the small ones first."""
+        small = self.small(views)
+        return small + [v for v in views if v not in small]
 
     def starts(self, views: Sequence[Var]) -> tuple[int, jax.ShapeDtypeStruct]:
         """The value a round reading `views` takes as its `STARTS` (each view's start in each
@@ -574,7 +597,17 @@ class _Randomness:
             role = ops.convert_element_type(_read(env, self.role), jnp.int32)
             row = ops.clamp(np.int32(0), role, np.int32(len(self.rows) - 1))
             starts = ops.dynamic_index_in_dim(starts, row, keepdims=False)
-        for j, v in enumerate(views):
+        small = self.small(views)
+        if len(small) > 1:  # one gather of them all, as rows of the widest one's length
+            width = max(self.words[self.index[v]] for v in small)
+            at = starts if len(small) == len(views) else ops.slice(starts, (0,), (len(small),))
+            rows = ops.gather_rows(env[BUFFER], ops.reshape(at, (len(small), 1)), width)
+            for j, v in enumerate(small):
+                words = ops.slice(rows, (j, 0), (j + 1, self.words[self.index[v]]))
+                env[v] = ops.reshape(words, self.shapes[self.index[v]])
+        else:
+            small = []
+        for j, v in enumerate(views[len(small) :], len(small)):
             start = ops.reshape(ops.slice(starts, (j,), (j + 1,)), ())
             env[v] = stream_view(env[BUFFER], start, self.shapes[self.index[v]], ops)
 
@@ -628,6 +661,15 @@ class LAX:
     )
     bitwise_or = staticmethod(lax.bitwise_or)
     shift_left = staticmethod(lax.shift_left)
+
+    @staticmethod
+    def gather_rows(x: Any, starts: Any, width: int) -> Any:
+        """Rows of `width` words of the vector `x` from each of `starts` (int32[rows, 1]),
+        each start clamped into range."""
+        dims = lax.GatherDimensionNumbers(
+            offset_dims=(1,), collapsed_slice_dims=(), start_index_map=(0,)
+        )
+        return lax.gather(x, starts, dims, (width,), mode=lax.GatherScatterMode.CLIP)
 
     @staticmethod
     def flat(x: Any) -> Any:
