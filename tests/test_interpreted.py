@@ -347,6 +347,17 @@ def test_rows_of_a_vector_gathered_as_xla() -> None:
             starts,
         )
 
+        def sliced(w: Any, s: Any) -> tuple[Any, ...]:  # read only through one-row slices
+            rows = lax.gather(w, s, dims, (6,), mode=lax.GatherScatterMode.CLIP)
+            return rows[0, 1:4], rows[-1:, ::2], rows[1, :].reshape(2, 3) + 1
+
+        def shared(w: Any, s: Any) -> tuple[Any, ...]:  # read whole too: gathered
+            rows = lax.gather(w, s, dims, (5,), mode=lax.GatherScatterMode.CLIP)
+            return rows[0, 1:4], rows
+
+        _same_as_xla(sliced, words, starts)
+        _same_as_xla(shared, words, starts)
+
 
 def test_integer_sorts_and_vector_scatters_as_xla() -> None:
     """Stable sorts by one integer key (equal keys in their order, either direction, with

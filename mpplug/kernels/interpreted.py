@@ -270,6 +270,9 @@ class _Block:
         self.bounds: dict[int, float | None] = {}
         """What `bound` found, by slot."""
         self._bounding = 0
+        self.rows: dict[int, tuple[int, int, int]] = {}
+        """Row gathers read only through slices of one row, by the slot of their result
+        (never filled): (the vector's slot, the starts' slot, the rows' width)."""
 
     def slot(self, value: ir.Value) -> int:
         found = self.slots.get(value)
@@ -328,8 +331,13 @@ class _Block:
         if kept is not None:
             self.slots[results[0]] = slot(kept)
             return
+        if self._gathered_rows(op):
+            return
         fn = handler(self, op)
         ins = tuple([slot(v) for v in op.operands])
+        if name == "stablehlo.slice" and ins[0] in self.rows:
+            vector, starts, width = self.rows[ins[0]]
+            fn, ins = _row_slice(op, width), (vector, starts)
         outs = tuple([slot(r) for r in results])
         out: int | tuple[int, ...] = outs[0] if len(outs) == 1 else outs
         known = self.known
@@ -349,6 +357,25 @@ class _Block:
         if _may_make_subnormals(op):
             fn = _refusing_subnormals(fn, nans=name in _ARITHMETIC)
         self.steps.append((fn, ins, out))
+
+    def _gathered_rows(self, op: ir.Operation) -> bool:
+        """Whether `op` gathers rows of a vector (not a constant) that only slices of one
+        row each read: each such slice then copies its part of the vector itself (a round
+        reading its PRF streams), and the rows are never gathered whole."""
+        width = _row_width(op) if op.name == "stablehlo.gather" else None
+        if width is None or self.slot(op.operands[0]) in self.known:
+            return False
+        result = op.results[0]
+        for use in result.uses:
+            user = use.owner
+            if user.name != "stablehlo.slice":
+                return False
+            begin, end = (_ints(user.attributes[k]) for k in ("start_indices", "limit_indices"))
+            if end[0] - begin[0] != 1:
+                return False
+        vector, starts = (self.slot(v) for v in op.operands)
+        self.rows[self.slot(result)] = (vector, starts, width)
+        return True
 
     def _is_zero(self, value: ir.Value) -> bool:
         found = self.known.get(self.slot(value))
@@ -1159,8 +1186,9 @@ def _gather(block: _Block, op: ir.Operation) -> Fn:
     dropped = set(numbers.collapsed_slice_dims) | set(operand_batch)
     sizes = _ints(op.attributes["slice_sizes"])
     shape, _ = _result(op)
-    if offset_dims == [1] and start_map == [0] and not dropped and len(shape) == 2:
-        return _row_gather(sizes[0])  # of a vector, from int[rows, 1] or int[rows]
+    width = _row_width(op)
+    if width is not None:
+        return _row_gather(width)
 
     def gather(x: Array, indices: Array) -> Array:
         x, indices = np.asarray(x), np.asarray(indices)
@@ -1206,6 +1234,30 @@ def _as_int64(indices: Array) -> Array:
     if indices.dtype.kind == "u":
         indices = np.minimum(indices.astype(np.uint64), np.uint64(np.iinfo(np.int64).max))
     return indices.astype(np.int64)
+
+
+def _row_width(op: ir.Operation) -> int | None:
+    """The width of the rows `op` gathers where it gathers rows of a vector (from
+    int[rows, 1] or int[rows]), else None."""
+    numbers = hlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    dropped = list(numbers.collapsed_slice_dims) + list(numbers.operand_batching_dims)
+    if list(numbers.offset_dims) != [1] or list(numbers.start_index_map) != [0] or dropped:
+        return None
+    return _ints(op.attributes["slice_sizes"])[0] if len(_result(op)[0]) == 2 else None
+
+
+def _row_slice(op: ir.Operation, width: int) -> Fn:
+    """A slice of one row of a row gather (`_row_gather`), read from the vector."""
+    (row, first), (_, last) = (_ints(op.attributes[k]) for k in ("start_indices", "limit_indices"))
+    step = _ints(op.attributes["strides"])[1]
+
+    def row_slice(x: Array, indices: Array) -> Array:
+        x, indices = np.asarray(x), np.asarray(indices)
+        at = _as_int64(indices.reshape(indices.shape[0])[row : row + 1])[0]
+        start = min(max(int(at), 0), x.shape[0] - width)
+        return x[start + first : start + last : step].reshape(1, -1)
+
+    return row_slice
 
 
 def _row_gather(width: int) -> Fn:
