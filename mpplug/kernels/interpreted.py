@@ -331,13 +331,14 @@ class _Block:
         if kept is not None:
             self.slots[results[0]] = slot(kept)
             return
-        if self._gathered_rows(op):
+        if name == "stablehlo.gather" and self._gathered_rows(op):
             return
-        fn = handler(self, op)
         ins = tuple([slot(v) for v in op.operands])
         if name == "stablehlo.slice" and ins[0] in self.rows:
             vector, starts, width = self.rows[ins[0]]
             fn, ins = _row_slice(op, width), (vector, starts)
+        else:
+            fn = handler(self, op)
         outs = tuple([slot(r) for r in results])
         out: int | tuple[int, ...] = outs[0] if len(outs) == 1 else outs
         known = self.known
@@ -362,7 +363,7 @@ class _Block:
         """Whether `op` gathers rows of a vector (not a constant) that only slices of one
         row each read: each such slice then copies its part of the vector itself (a round
         reading its PRF streams), and the rows are never gathered whole."""
-        width = _row_width(op) if op.name == "stablehlo.gather" else None
+        width = _row_width(op)
         if width is None or self.slot(op.operands[0]) in self.known:
             return False
         result = op.results[0]

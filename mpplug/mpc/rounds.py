@@ -575,7 +575,8 @@ class _Randomness:
     def ordered(self, views: list[Var]) -> list[Var]:
         """`views` in the order a round reads them: the small ones first."""
         small = self.small(views)
-        return small + [v for v in views if v not in small]
+        chosen = set(small)
+        return small + [v for v in views if v not in chosen]
 
     def starts(self, views: Sequence[Var]) -> tuple[int, jax.ShapeDtypeStruct]:
         """The value a round reading `views` takes as its `STARTS` (each view's start in each
