@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,11 @@ from mpplug.config import ClusterSpec
 from mpplug.core import ValueType
 from mpplug.core.custom_calls import CustomCallPolicy
 from mpplug.core.graph import Graph
+from mpplug.core.mpobject import MPObject
 from mpplug.core.parties import PartySet
 from mpplug.errors import ExecutionAborted, MPPlugError, PartyUnavailableError, WireError
 from mpplug.frontend.tracer import Program
+from mpplug.kernels import jax_exec
 from mpplug.kernels.datasets import Datasets
 from mpplug.kernels.devices import export_platform
 from mpplug.runtime import codec
@@ -198,6 +200,12 @@ class Simulator(Cluster):
         for rank in ranks:
             for name in names:
                 self._stores[rank].pop(name, None)
+
+    def _traced(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Program, list[MPObject]]:
+        with jax_exec.planning_written():  # the parties run what the trace writes, here
+            return super()._traced(fn, args, kwargs)
 
     def _run(self, program: Program, in_names: list[str], out_names: list[str]) -> None:
         exec_id = uuid.uuid4().hex

@@ -474,9 +474,9 @@ def test_rounds_two_programs_share_are_written_once_and_are_the_same_function(
     parsed: list[str] = []
     written: list[list[PFunction]] = []
 
-    def counting(text: str) -> bytes:
+    def counting(text: str, planned: bool) -> tuple[bytes, Any]:
         parsed.append(text)
-        return serialized(text)
+        return serialized(text, planned)
 
     def recorded(*args: Any) -> PFunction:
         pfunc = round_function(*args)
@@ -521,9 +521,10 @@ def test_every_round_comes_back_unchanged_from_jaxs_writer(
     serialized = emit._serialized
     modules: list[bytes] = []
 
-    def kept(text: str) -> bytes:
-        modules.append(serialized(text))
-        return modules[-1]
+    def kept(text: str, planned: bool) -> tuple[bytes, Any]:
+        module, plan = serialized(text, planned)
+        modules.append(module)
+        return module, plan
 
     monkeypatch.setattr(emit, "_serialized", kept)
 

@@ -831,6 +831,63 @@ def test_a_secure_programs_functions_interpreted_give_xlas_bits() -> None:
     assert checked >= 30
 
 
+def test_a_simulator_runs_the_plans_it_made_as_it_wrote_the_rounds(
+    empty_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Simulator's trace plans each round as it writes it (from the module it parsed, not
+    from the artifact), those plans give XLA's bits, and its parties run them: no round is
+    planned again from its artifact. A function written for other parties is not planned."""
+    from mpplug.mpc import emit
+
+    monkeypatch.setattr(emit, "_WRITTEN", LRUCache())  # none written by earlier tests
+    monkeypatch.setattr(jax_exec, "_WRITTEN_PLANS", LRUCache())
+    from_artifact: list[bytes] = []
+    plan_serialized = interpreted.plan_serialized
+    monkeypatch.setattr(
+        interpreted, "plan_serialized", lambda m: from_artifact.append(m) or plan_serialized(m)
+    )
+    a = RNG.standard_normal((5, 4)).astype(np.float32)
+    b = RNG.standard_normal((4, 3)).astype(np.float32)
+
+    @mp.function
+    def secure(p: mp.MPObject, q: mp.MPObject) -> Any:
+        out = mp.mpc.run(lambda x, y: jnp.maximum(x @ y, 0.25), mp.mpc.seal(p), mp.mpc.seal(q))
+        return mp.mpc.reveal(out, to=0)
+
+    with mp.Simulator(3) as sim:
+        args = [sim.put(0, a), sim.put(1, b)]
+        program = sim.compile(secure, *args)
+        functions = {
+            pfunc.digest: pfunc
+            for rank in range(3)
+            for pfunc in Interpreter(program.graph, rank).functions()
+            if pfunc.fn_type == "jax.exec"
+        }
+        rounds = {d: f for d, f in functions.items() if f.fn_name.startswith("mpc.")}
+        planned = {d: jax_exec._WRITTEN_PLANS.get(d) for d in rounds}
+        assert len(rounds) >= 5 and [rounds[d].fn_name for d, p in planned.items() if not p] == []
+        modules = []
+        for digest, plan in planned.items():
+            exported = jax.export.deserialize(bytearray(rounds[digest].fn_body))
+            modules.append(exported.mlir_module_serialized)
+            inputs = _random_inputs(rounds[digest].ins_info)
+            with jax.enable_x64(True):
+                want = [np.asarray(w) for w in jax.tree.leaves(exported.call(*inputs))]
+            got = interpreted.call(plan, [inputs[k] for k in exported.module_kept_var_idx])
+            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+        got = sim.fetch(sim.evaluate(program, *args), party=0)
+    np.testing.assert_allclose(got, np.maximum(a @ b, 0.25), atol=1e-4)
+    assert len(jax_exec._WRITTEN_PLANS) == 0  # each plan was taken,
+    assert not set(modules) & set(from_artifact)  # and no round was planned from its artifact
+
+    closed = jax.make_jaxpr(lambda x: x * 3 + 1)(np.zeros(4, np.int32))
+    elsewhere = emit.jaxpr_function("for.other.parties", closed, None)
+    assert jax_exec._WRITTEN_PLANS.get(elsewhere.digest) is None
+    with jax_exec.planning_written():
+        here = emit.jaxpr_function("for.parties.here", closed, None)
+    assert jax_exec._WRITTEN_PLANS.get(here.digest) is not None
+
+
 def test_a_module_that_would_hold_big_values_in_numpy_is_compiled() -> None:
     big = np.zeros((20, 2**20), np.float32)  # 80 MiB: numpy would hold a * 2 apart, XLA fuses
     exported = _export(lambda a: (a * 2 + 1).sum(), big)

@@ -9,12 +9,13 @@ no compile), and compiles them at the second (`tier_up_jax_exec`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
 import os
 import platform as platform_module
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -245,9 +246,43 @@ party compiling one it ran interpreted, skip deserializing it again (about 50 us
 input or output)."""
 
 
-def written_here(pfunc: PFunction, exported: jax_export.Exported) -> None:
-    """Note that `pfunc`'s body is `exported`, serialized by this process."""
+WRITTEN_PLANS_BYTES = 64 << 20
+_WRITTEN_PLANS: LRUCache[str, interpreted.Plan] = LRUCache(
+    DEFAULT_CACHE_SIZE, weigh=lambda plan: plan.weight, max_weight=WRITTEN_PLANS_BYTES
+)
+"""Plans of functions this process wrote, made from the modules their writer parsed, by
+digest, until a runtime takes each (see `planning_written`)."""
+_planning_written: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mpplug_planning_written", default=False
+)
+
+
+@contextlib.contextmanager
+def planning_written() -> Iterator[None]:
+    """While open, functions this thread writes (`mp.mpc`'s rounds) are planned as they are
+    written, where first runs are interpreted: a Simulator, whose parties run them in this
+    process, skips deserializing each artifact to plan it (a third of planning a round).
+    Elsewhere (a Driver's process) nothing is planned that no party here would run."""
+    token = _planning_written.set(True)
+    try:
+        yield
+    finally:
+        _planning_written.reset(token)
+
+
+def plans_written() -> bool:
+    """Whether a function written now is planned as it is written (see `planning_written`)."""
+    return _planning_written.get() and interpret_first_runs()
+
+
+def written_here(
+    pfunc: PFunction, exported: jax_export.Exported, plan: interpreted.Plan | None = None
+) -> None:
+    """Note that `pfunc`'s body is `exported`, serialized by this process, and `plan` its
+    plan made as it was written (if one was)."""
     _EXPORTED.put(pfunc.digest, exported)
+    if plan is not None:
+        _WRITTEN_PLANS.put(pfunc.digest, plan)
 
 
 def _exported(pfunc: PFunction) -> jax_export.Exported:
@@ -266,11 +301,15 @@ def _interpreted(
     A call that meets a float sum a plan cannot make exact compiles the module then."""
     if len(exported.platforms) > 1 or exported.ordered_effects:
         return None  # a platform index or effect tokens before the arguments: compiled
-    try:
-        plan = interpreted.plan_serialized(exported.mlir_module_serialized)
-    except interpreted.Unsupported as exc:
-        log.debug("%s: compiled, not interpreted (%s)", _where(pfunc), exc)
-        return None
+    plan = _WRITTEN_PLANS.get(pfunc.digest)
+    if plan is not None:
+        _WRITTEN_PLANS.discard(pfunc.digest)  # held from now on where the process's plans are
+    else:
+        try:
+            plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+        except interpreted.Unsupported as exc:
+            log.debug("%s: compiled, not interpreted (%s)", _where(pfunc), exc)
+            return None
     kept = tuple(exported.module_kept_var_idx)
     expected = [(tuple(t.shape), np.dtype(t.dtype.numpy)) for t in _tensor_types(pfunc.ins_info)]
     where = _where(pfunc)

@@ -30,7 +30,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from mpplug.core import PFunction, TensorType
-from mpplug.kernels import jax_exec
+from mpplug.kernels import interpreted, jax_exec
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
 
 ELEMENT_TYPES: dict[np.dtype, str] = {
@@ -766,9 +766,11 @@ the constants it parsed until it is dropped)."""
 _contexts = threading.local()
 
 
-def _serialized(text: str) -> bytes:
+def _serialized(text: str, planned: bool) -> tuple[bytes, interpreted.Plan | None]:
     """The module `text` as a portable artifact whose bytes JAX's writer gives back
-    unchanged (a party's module check parses and writes each module again).
+    unchanged (a party's module check parses and writes each module again), and, if
+    `planned`, its interpreted plan (None where a plan cannot run it), made from the module
+    parsed here before writing it turns it into VHLO.
 
     JAX's writer runs its legalization passes first (CHLO, MHLO, shapes), which change
     nothing in a module of StableHLO ops but hoist its constants to the top of `main` (see
@@ -784,7 +786,15 @@ def _serialized(text: str) -> bytes:
             module = ir.Module.parse(text)
         except Exception as exc:  # a module the parser refuses: JAX's export writes it instead
             raise Unemittable(f"the module does not parse: {exc}") from None
-        return bytes(hlo.serialize_portable_artifact(module, _target_version()))
+        plan = _plan(module) if planned else None
+        return bytes(hlo.serialize_portable_artifact(module, _target_version())), plan
+
+
+def _plan(module: ir.Module) -> interpreted.Plan | None:
+    try:
+        return interpreted.plan(module)
+    except interpreted.Unsupported:  # planned again from the artifact, which says why
+        return None
 
 
 def jaxpr_function(
@@ -845,7 +855,7 @@ def _written(
     in_avals: tuple[jax.core.ShapedArray, ...],
     out_avals: tuple[jax.core.ShapedArray, ...],
 ) -> PFunction:
-    module = _serialized(text)
+    module, plan = _serialized(text, jax_exec.plans_written())
     n, m = len(in_avals), len(out_avals)
     exported = jax_export.Exported(
         fun_name=name,
@@ -884,5 +894,5 @@ def _written(
         tuple(TensorType(a.dtype, a.shape) for a in out_avals),
         attrs,
     )
-    jax_exec.written_here(pfunc, exported)
+    jax_exec.written_here(pfunc, exported, plan)
     return pfunc
