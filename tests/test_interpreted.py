@@ -305,6 +305,18 @@ def test_gathers_reductions_and_products_as_xla() -> None:
         table,
         index,
     )
+    cube = RNG.integers(0, 2**63, (2, 3, 7), dtype=np.uint64)
+    for at in (index, np.array([0, 6, 2**32 - 1, 5], np.uint32)):  # whole slices at one axis
+        _same_as_xla(
+            lambda c, i: (
+                jnp.take(c, i, axis=2, mode="clip"),
+                jnp.take(c, i, axis=1, mode="clip"),
+                jnp.take(c, i.reshape(2, -1), axis=0, mode="clip"),
+                jnp.take(c, i[:1].reshape(()), axis=2, mode="clip"),
+            ),
+            cube,
+            at,
+        )
     ints = _edges(np.uint64, 60).reshape(3, 4, 5)
     flags = _edges(np.bool_, 60).reshape(3, 20)
     _same_as_xla(
