@@ -158,6 +158,12 @@ def test_float_ops_and_conversions_as_xla(dtype: Any) -> None:
     )
     _same_as_xla(lambda a: tuple(a.astype(t) for t in (*INTS, np.bool_, *FLOATS)), x)
     _same_as_xla(lambda a: lax.bitcast_convert_type(a, np.dtype(f"i{np.dtype(dtype).itemsize}")), x)
+    for t in INTS:  # every value inside the target's range: its fast path, toward zero
+        info = np.iinfo(t)
+        inside = np.clip(x[np.isfinite(x)], info.min, float(info.max) * 0.999)
+        inside = np.concatenate([inside, [info.min, 0.99, -0.99, info.max * 0.75]]).astype(dtype)
+        inside = inside[(inside >= info.min) & (inside < float(info.max) + 1.0)]
+        _same_as_xla(lambda a, t=t: a.astype(t), inside)
 
 
 @pytest.mark.parametrize("dtype", [*INTS, np.bool_], ids=lambda d: np.dtype(d).name)

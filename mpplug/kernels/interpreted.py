@@ -765,6 +765,8 @@ def _float_to_int(x: Array, dtype: np.dtype) -> Array:
     """XLA's conversion: toward zero, saturating at the type's range, NaN to 0."""
     info = np.iinfo(dtype)
     low, high = float(info.min), float(info.max) + 1.0  # both powers of two (or 0): exact
+    if x.size and low <= x.min() and x.max() < high:  # all in range (a NaN fails both)
+        return x.astype(dtype)  # numpy's conversion also truncates toward zero
     whole = np.trunc(x)
     inside = (whole >= low) & (whole < high)
     out = np.where(inside, whole, 0).astype(dtype)
