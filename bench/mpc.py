@@ -7,7 +7,9 @@ table, and with `--spu spu.json` (that script's --json output) ratios and PASS/F
 
 Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held by party i % 3:
 - first: `sim.compile` (jax trace + share program + export, "trace") plus the first
-  evaluate+fetch (XLA compile of every round's PFunction at each party, and the run).
+  evaluate+fetch (each round's PFunction planned at each party and run interpreted), in this
+  one process: against an empty compile cache (a temporary folder, unless MPPLUG_CACHE_DIR is
+  set), with JAX warmed by the workloads before it (`bench.mpc_start` times fresh processes).
 - wall: median of 3 evaluate + fetch of the revealed result at party 0, after one warm-up;
   inputs are put beforehand (SPU's wall also counts turning numpy inputs into shares).
 - rounds: SHUFFLE ops of the mpc.run part that move data (route with dst != src), then its
@@ -34,12 +36,14 @@ ABY3 default). `--truncation both` also runs every workload with `truncation="pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -55,6 +59,7 @@ import mpplug.mpc  # before any clock starts, as spu_bench imports spu (mp.mpc l
 from bench.timing import machine_state, numpy_huge_page_advice, samples
 from mpplug.core.graph import OpKind
 from mpplug.kernels.builtin import CONSTANT, COUNTER
+from mpplug.kernels.compile_cache import ENV_DIR
 
 REPEATS = 3
 WARMUP = 1
@@ -609,7 +614,14 @@ def main() -> int:
     chosen = [w for w in workloads(args.quick) if not args.only or args.only in w.name]
     results = []
     start = time.perf_counter()
-    with mp.Simulator(3, timeout=RECV_TIMEOUT_S) as sim:
+    with contextlib.ExitStack() as stack:
+        if ENV_DIR not in os.environ:  # first runs as a user's first: nothing cached
+            os.environ[ENV_DIR] = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="mpplug-bench-cache-")
+            )
+            stack.callback(os.environ.pop, ENV_DIR, None)
+        print(f"  compile cache: {os.environ[ENV_DIR] or 'off'}", flush=True)
+        sim = stack.enter_context(mp.Simulator(3, timeout=RECV_TIMEOUT_S))
         for w in chosen:
             for r in run_workload(sim, w, truncations):
                 results.append(r)
