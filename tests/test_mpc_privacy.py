@@ -39,6 +39,8 @@ import pytest
 from scipy import stats
 
 import mpplug as mp
+from mpplug.kernels.runtime import LRUCache
+from mpplug.mpc import spliced
 
 from .mpc_views import REVEAL, ROUND, SEAL, Received, RecordingSimulator, classify, payload
 
@@ -318,6 +320,7 @@ def test_a_truncation_with_a_broken_mask_fails_the_views(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(ABY3, "_bit_product_masks", zero_mask_a)
     monkeypatch.setenv("MPPLUG_CACHE_DIR", "")  # a traced program cached unbroken must not hide it
+    monkeypatch.setattr(spliced, "_steps", LRUCache())  # nor a product's step traced unbroken
     secrets, seen = product_views("precise", seed=6)
     with pytest.raises(AssertionError, match="not uniform"):
         check_views("product with a broken mask", secrets, seen)

@@ -14,7 +14,7 @@ from jax import export as jax_export
 
 import mpplug as mp
 from mpplug.core.graph import OpKind
-from mpplug.mpc import api
+from mpplug.mpc import api, spliced
 
 PRODUCT_EQUATIONS = 61
 """A fixed-point product with precise truncation: the products of shares, three rounds of
@@ -23,12 +23,13 @@ shares were read with jnp indexing and roles chosen with jnp.where)."""
 
 
 def _share_programs(monkeypatch: pytest.MonkeyPatch) -> list[collections.Counter[str]]:
-    """The primitives of every share program traced from now on, counted."""
+    """The primitives of every share program traced from now on (its steps inlined), counted."""
     seen: list[collections.Counter[str]] = []
     record = api.record_rounds
 
     def counting(program: Any, avals: Any, platforms: Any) -> Any:
-        seen.append(collections.Counter(e.primitive.name for e in program.jaxpr.eqns))
+        inlined = spliced.inline(program)
+        seen.append(collections.Counter(e.primitive.name for e in inlined.jaxpr.eqns))
         return record(program, avals, platforms)
 
     monkeypatch.setattr(api, "record_rounds", counting)

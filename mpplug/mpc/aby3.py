@@ -46,6 +46,7 @@ from mpplug.mpc import emit, ring, trace_cache
 from mpplug.mpc.prf import KEY_WORDS, blocks_for, prf, stream_view
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.rounds import exchange
+from mpplug.mpc.spliced import traced_once
 
 _FROM_NEXT = (1, 2, 0)
 """Role i receives role i+1's value: the reshare after a product."""
@@ -281,6 +282,7 @@ class ABY3(Protocol):
         (a0, a1), (b0, b1) = _halves(a), _halves(b)
         return lax.add(lax.mul(lax.add(a0, a1), b0), lax.mul(a0, b1))
 
+    @traced_once
     def mul(self, ctx: Context, a: Shares, b: Shares, bits: int = 0) -> Shares:
         return self._finish_product(ctx, self._cross(a, b), bits, "mul")
 
@@ -306,6 +308,7 @@ class ABY3(Protocol):
         z = lax.add(product(lax.add(a0, a1), b0), product(a0, b1))
         return self._finish_product(ctx, z, bits, tag)
 
+    @traced_once
     def _finish_product(self, ctx: Context, z: jnp.ndarray, bits: int, tag: str) -> Shares:
         """Replicated shares of sum_i z_i, shifted right by `bits` when `bits` > 0."""
         if bits and ctx.truncation == "precise":
@@ -313,6 +316,7 @@ class ABY3(Protocol):
         product = self._reshare(ctx, lax.add(z, self._zero(ctx, z.shape)), f"{tag}.reshare")
         return self.trunc(ctx, product, bits) if bits else product
 
+    @traced_once
     def trunc(self, ctx: Context, a: Shares, bits: int) -> Shares:
         if ctx.truncation == "probabilistic":
             return self._trunc_probabilistic(ctx, a, bits)
@@ -404,6 +408,7 @@ class ABY3(Protocol):
         public = jnp.broadcast_to(mask, a.shape[1:]).astype(a.dtype)
         return lax.bitwise_xor(a, self.lift(ctx, public))
 
+    @traced_once
     def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:
         dtype = _DTYPE_OF_BITS[max(8, 1 << max(0, bits - 1).bit_length())]
         a0, a1 = _halves(lax.convert_element_type(a, dtype))
@@ -413,6 +418,7 @@ class ABY3(Protocol):
         z = lax.bitwise_xor(z, self._zero_bits(ctx, z.shape, dtype))
         return lax.convert_element_type(self._reshare(ctx, z, "and.reshare"), ring.RING)
 
+    @traced_once
     def msb(self, ctx: Context, a: Shares, width: int = 64, carry: Shares | None = None) -> Shares:
         # lax calls, not operators: jnp's operators cost several times their work to trace
         xor, both_set, either = lax.bitwise_xor, lax.bitwise_and, lax.bitwise_or
@@ -457,6 +463,7 @@ class ABY3(Protocol):
             g = xor(g, self.and_(ctx, both_set(p, _u64(1)), first, bits=1))
         return both_set(xor(top, g), _u64(1))
 
+    @traced_once
     def shuffle(self, ctx: Context, a: Shares, blocks: int) -> Shares:
         # Three permutations, each known to two roles: pa to roles 2 and 0 (key k0), pb to 0
         # and 1 (k1), pc to 1 and 2 (k2); every role misses one, so their composition is
@@ -489,6 +496,7 @@ class ABY3(Protocol):
         z2 = out + exchange(out, (0, 2, 1), "shuffle.reshare")
         return _pair(_by_role(ctx, z0, z1, z2), _by_role(ctx, z1, z2, z0))
 
+    @traced_once
     def open_bits(self, ctx: Context, bits: Shares) -> jnp.ndarray:
         # role i holds bits i and i+1 and gets bit i+2 from role i+1, 64 to a word
         shape = bits.shape[1:]
@@ -502,6 +510,7 @@ class ABY3(Protocol):
         value = ((bits[0] ^ bits[1]).reshape(-1) ^ third) & np.uint64(1)
         return value.reshape(shape).astype(jnp.bool_)
 
+    @traced_once
     def low_bits(self, ctx: Context, a: Shares, width: int) -> Shares:
         # The carry-save adder of the three shares' low bits, then a Kogge-Stone adder over
         # `width` bits (generate and propagate are never both set: OR is XOR). Rounds:
@@ -525,12 +534,14 @@ class ABY3(Protocol):
             step *= 2
         return (s ^ c ^ (g << np.uint64(1))) & mask
 
+    @traced_once
     def b2a(self, ctx: Context, bit: Shares) -> Shares:
         one = _u64(1)
         b0, b1, b2 = (self.lift_slot(ctx, lax.bitwise_and(bit, one), j) for j in range(3))
         t = lax.sub(lax.add(b0, b1), lax.shift_left(self.mul(ctx, b0, b1), one))
         return lax.sub(lax.add(t, b2), lax.shift_left(self.mul(ctx, t, b2), one))
 
+    @traced_once
     def lift_slot(self, ctx: Context, a: Shares, j: int) -> Shares:
         """Share x_j of `a` alone, as shares of the same kind (its two holders know it)."""
         a0, a1 = _halves(a)

@@ -31,7 +31,7 @@ from mpplug.core import PFunction, TensorType
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels.builtin import constant_pfunction
 from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction, stream_offsets
-from mpplug.mpc import emit
+from mpplug.mpc import emit, spliced
 from mpplug.mpc.prf import KEY_WORDS, blocks_for, picked_row, prf_p, stream_view
 from mpplug.mpc.recording import Recording
 
@@ -267,6 +267,7 @@ def record_rounds(
     one SHUFFLE and each loop one LOOP. Returns them as a `Recording` (inputs: `closed`'s
     arguments). A loop's body gives `iteration` = (its iteration input, the streams one
     iteration draws): its PRF streams move on by that many each iteration."""
+    closed = spliced.inline(closed)
     jaxpr = closed.jaxpr
     plan = plan_rounds(jaxpr)
     consts = dict(zip(jaxpr.constvars, closed.consts, strict=True))
