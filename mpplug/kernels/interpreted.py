@@ -28,7 +28,7 @@ import math
 import string
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,13 @@ BOUND_DEPTH = 32
 """Ops a bound is followed back through (see `_Block.bound`); past them, a value has its
 type's range (none for floats), so a product reading it is checked at each call."""
 
+BROADCAST_COPY_BYTES = 64 << 10
+"""A broadcast result at most this big is a new array (about 1 us against 3.7 us for numpy's
+broadcast view); a bigger one is a view, which holds no memory of its own."""
+
+HOT_CALLS = 8
+"""Calls after which a plan writes itself as one Python function (see `_written`)."""
+
 FOLD_LIMIT_BYTES = 1 << 20
 """Ops whose operands are all constants run while planning when the result is at most this
 big (or is a broadcast view, which holds no memory of its own)."""
@@ -107,7 +114,8 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    """One function of a module as numpy calls on slots: `plan(*arrays)` returns its results."""
+    """One function of a module as numpy calls on slots: `plan(*arrays)` returns its results.
+    A plan called `HOT_CALLS` times (a loop's body) writes itself as one Python function."""
 
     n_slots: int
     constants: tuple[tuple[int, Any], ...]
@@ -116,8 +124,16 @@ class Plan:
     results: tuple[int, ...]
     weight: int
     """Bytes of the constants the plan holds, plus `STEP_BYTES` a step."""
+    _hot: list[Any] = field(default_factory=lambda: [0, None], compare=False, repr=False)
+    """Calls so far, and the function the plan wrote once hot."""
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
+        hot = self._hot
+        if hot[1] is not None:
+            return hot[1](*args)
+        hot[0] += 1
+        if hot[0] >= HOT_CALLS:
+            hot[1] = _written(self)
         env: list[Any] = [None] * self.n_slots
         for slot, value in self.constants:
             env[slot] = value
@@ -135,6 +151,37 @@ class Plan:
                 for slot in step.frees:
                     env[slot] = None
         return tuple(env[i] for i in self.results)
+
+
+def _written(plan: Plan) -> Callable[..., tuple[Any, ...]]:
+    """The plan as the Python function its steps make, each slot a local variable (a call
+    then costs its numpy calls alone: a loop's body runs its plan thousands of times)."""
+    names: dict[str, Any] = {"errstate": np.errstate}
+    held = {}
+    for slot, value in plan.constants:
+        held[slot] = f"k{slot}"
+        names[f"k{slot}"] = value
+
+    def read(slot: int) -> str:
+        return held.get(slot, f"s{slot}")
+
+    params = ", ".join(f"s{slot}" for slot in plan.params)
+    lines = [f"def plan({params}):", "    with errstate(all='ignore'):"]
+    for index, step in enumerate(plan.steps):
+        names[f"f{index}"] = step.fn
+        outs = (
+            f"s{step.out} = " if isinstance(step.out, int) else "".join(f"s{o}, " for o in step.out)
+        )
+        if outs.endswith(", "):
+            outs += "= "
+        lines.append(f"        {outs}f{index}({', '.join(map(read, step.ins))})")
+        dropped = [f"s{slot}" for slot in step.frees if slot not in held]
+        if dropped:
+            lines.append(f"        del {', '.join(dropped)}")
+    lines.append("        pass")  # a plan of no steps
+    lines.append(f"    return ({''.join(read(slot) + ', ' for slot in plan.results)})")
+    exec(compile("\n".join(lines), "<mpplug plan>", "exec"), names)  # slots and indices only
+    return names["plan"]
 
 
 CONTEXT_USES = 256
@@ -663,11 +710,14 @@ def _shift_right(block: _Block, op: ir.Operation) -> Fn:
     arithmetic = op.name.endswith("arithmetic")
     as_dtype = np.dtype(f"{'i' if arithmetic else 'u'}{dtype.itemsize}")
 
+    # numpy's shifts give 0 (or the sign) past the width, as XLA's do; a negative amount
+    # counts as a large unsigned one in both
+    if as_dtype == dtype:
+        return np.right_shift
+
     def shift(x: Array, amount: Array) -> Array:
         x = np.asarray(x).view(as_dtype)
         amount = np.asarray(amount).view(as_dtype)
-        # numpy's shifts give 0 (or the sign) past the width, as XLA's do; a negative amount
-        # counts as a large unsigned one in both
         return np.asarray(np.right_shift(x, amount)).view(dtype)
 
     return shift
@@ -852,11 +902,20 @@ def _broadcast(block: _Block, op: ir.Operation) -> Fn:
     for i in order:
         placed[dims[i]] = operand_shape[i]
 
+    transposed = order != sorted(order)
+    placed_shape = tuple(placed)
+    _, dtype = _result(op)
+    copied = math.prod(shape) * dtype.itemsize <= BROADCAST_COPY_BYTES
+
     def broadcast(x: Array) -> Array:
         x = np.asarray(x)
-        if order != list(range(len(dims))):
+        if transposed:
             x = x.transpose(order)
-        return np.broadcast_to(x.reshape(placed), shape)
+        if copied:  # a new array is cheaper than a broadcast view this small
+            out = np.empty(shape, dtype)
+            out[...] = x.reshape(placed_shape)
+            return out
+        return np.broadcast_to(x.reshape(placed_shape), shape)
 
     return broadcast
 
@@ -1283,9 +1342,8 @@ def _row_slice(op: ir.Operation, width: int) -> Fn:
     step = _ints(op.attributes["strides"])[1]
 
     def row_slice(x: Array, indices: Array) -> Array:
-        x, indices = np.asarray(x), np.asarray(indices)
-        at = _as_int64(indices.reshape(indices.shape[0])[row : row + 1])[0]
-        start = min(max(int(at), 0), x.shape[0] - width)
+        at = int(np.asarray(indices).reshape(-1)[row])  # a Python int: uint64 clamps too
+        start = min(max(at, 0), x.shape[0] - width)
         return x[start + first : start + last : step].reshape(1, -1)
 
     return row_slice
