@@ -26,7 +26,11 @@ from mpplug.mpc.prf import prf_p
 from mpplug.mpc.protocol import Context
 
 STEPS = 4096
-"""Traced steps a process keeps (one per method and signature; a program uses tens)."""
+STEPS_BYTES = 64 << 20
+EQUATION_BYTES = 1024
+"""Traced steps a process keeps (one per method and signature; a program uses tens), at most
+4,096 and 64 MiB counting about what an equation holds (its variables, parameters and source
+information) for each equation of a step."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,7 +59,9 @@ def _splice_impl(*args: Any, step: Step, base: int) -> Any:
     raise RuntimeError("mpc splice runs only inside a traced share program (mp.mpc.run)")
 
 
-_steps: LRUCache[tuple[Any, ...], Step] = LRUCache(STEPS)
+_steps: LRUCache[tuple[Any, ...], Step] = LRUCache(
+    STEPS, weigh=lambda step: EQUATION_BYTES * len(step.closed.jaxpr.eqns), max_weight=STEPS_BYTES
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
