@@ -178,7 +178,8 @@ def _written(plan: Plan) -> Callable[..., tuple[Any, ...]]:
         dropped = [f"s{slot}" for slot in step.frees if slot not in held]
         if dropped:
             lines.append(f"        del {', '.join(dropped)}")
-    lines.append("        pass")  # a plan of no steps
+    if not plan.steps:
+        lines.append("        pass")
     lines.append(f"    return ({''.join(read(slot) + ', ' for slot in plan.results)})")
     exec(compile("\n".join(lines), "<mpplug plan>", "exec"), names)  # slots and indices only
     return names["plan"]
