@@ -103,7 +103,7 @@ class NotExact(Exception):
     float XLA's code and numpy's give other bits for: a subnormal, or a NaN from arithmetic."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Step:
     fn: Fn
     ins: tuple[int, ...]
@@ -375,10 +375,11 @@ class _Block:
         handler = _HANDLERS.get(name)
         if handler is None:
             raise Unsupported(f"op {name}")
-        kept = self._zero_added(op)
-        if kept is not None:
-            self.slots[results[0]] = slot(kept)
-            return
+        if name in _ZERO_DROPPING:
+            kept = self._zero_added(op, name)
+            if kept is not None:
+                self.slots[results[0]] = slot(kept)
+                return
         if name == "stablehlo.gather" and self._gathered_rows(op):
             return
         ins = tuple([slot(v) for v in op.operands])
@@ -403,7 +404,7 @@ class _Block:
                         raise Unsupported(f"a subnormal constant from {name}")
                     known[at] = v
                 return
-        if _may_make_subnormals(op):
+        if name in _SUBNORMAL_SOURCES and _may_make_subnormals(op, name):
             fn = _refusing_subnormals(fn, nans=name in _ARITHMETIC)
         self.steps.append((fn, ins, out))
 
@@ -430,14 +431,15 @@ class _Block:
         found = self.known.get(self.slot(value))
         return found is not None and not np.any(_unbroadcast(np.asarray(found)))
 
-    def _zero_added(self, op: ir.Operation) -> ir.Value | None:
-        """The other operand where `op` adds a constant zero to a float, or subtracts one
-        from it: XLA's simplifier drops such an op, so -0.0 + 0.0 gives -0.0 there."""
-        if op.name not in ("stablehlo.add", "stablehlo.subtract") or _result(op)[1].kind != "f":
+    def _zero_added(self, op: ir.Operation, name: str) -> ir.Value | None:
+        """The other operand where `op` (an add or a subtract, named `name`) adds a constant
+        zero to a float, or subtracts one from it: XLA's simplifier drops such an op, so
+        -0.0 + 0.0 gives -0.0 there."""
+        if _result(op)[1].kind != "f":
             return None
         if self._is_zero(op.operands[1]):
             return op.operands[0]
-        if op.name == "stablehlo.add" and self._is_zero(op.operands[0]):
+        if name == "stablehlo.add" and self._is_zero(op.operands[0]):
             return op.operands[1]
         return None
 
@@ -537,7 +539,7 @@ def _held_bytes(value: Any) -> int:
     """The memory an array holds: a broadcast view counts its unbroadcast elements only."""
     array = np.asarray(value)
     held = [n for n, stride in zip(array.shape, array.strides, strict=True) if stride != 0]
-    return int(np.prod(held, dtype=np.int64)) * array.itemsize
+    return math.prod(held) * array.itemsize
 
 
 def _foldable(value: Any) -> bool:
@@ -545,6 +547,7 @@ def _foldable(value: Any) -> bool:
 
 
 _NOT_FOLDED = frozenset({"func.call"})
+_ZERO_DROPPING = frozenset({"stablehlo.add", "stablehlo.subtract"})
 
 _SUBNORMAL_SOURCES = frozenset(
     f"stablehlo.{name}"
@@ -564,10 +567,11 @@ pick, negate or round what they read, or sum only integral values; a conversion 
 float); a call checks what these give."""
 
 
-def _may_make_subnormals(op: ir.Operation) -> bool:
-    if op.name not in _SUBNORMAL_SOURCES or _result(op)[1].kind != "f":
+def _may_make_subnormals(op: ir.Operation, name: str) -> bool:
+    """Whether `op`, one of `_SUBNORMAL_SOURCES` named `name`, may make a subnormal float."""
+    if _result(op)[1].kind != "f":
         return False
-    return op.name != "stablehlo.convert" or _tensor(op.operands[0])[1].kind == "f"
+    return name != "stablehlo.convert" or _tensor(op.operands[0])[1].kind == "f"
 
 
 _ARITHMETIC = frozenset(
