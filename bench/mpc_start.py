@@ -2,7 +2,8 @@
 process with an empty compile cache (cold) and again with the cache it left (warm), beside
 SPU's first call; and the Driver with three local party processes beside the Simulator.
 
-    python -m bench.mpc_start [--spu /tmp/spu.json] [--only SUBSTRING] [--driver] [--json F]
+    python -m bench.mpc_start [--spu /tmp/spu.json] [--only SUBSTRING] [--driver] [--phases]
+                              [--json F]
 
 first = `compile` (trace) + the first evaluate and fetch, timed inside the fresh process after
 its inputs are put and `mpplug.mpc` is imported (SPU's first_s also starts from inputs at hand,
@@ -11,11 +12,18 @@ run starts them once it has run a second); the cached wall after it waits for th
 (with --spu):
 cold <= 2x SPU's first call, warm <= 1x; with --driver: the Driver's first evaluate <= 2x
 the Simulator's and its cached wall <= 2x the Simulator's. Exit code 1 when one is missed.
+
+With --phases the fresh processes trace and first evaluate inside `cluster.profile()` (a
+little slower) and a second table says where each one's time went: the trace's phases (the
+user's program, the share program, the rounds: scheduled, written, parsed, planned,
+serialized, exported) and the first evaluate's (each party's preparation, kernel runs and
+receive waits, averaged over the parties).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -40,36 +48,90 @@ DRIVER_TARGET = 2.0
 CHILD_TIMEOUT_S = 1800
 
 
-def first_evaluate(cluster: Any, name: str) -> dict[str, float]:
-    """Trace and first evaluate of workload `name` on `cluster`, then its cached wall."""
+ROUND_PHASES = ("scheduled", "parsed", "planned", "serialized", "exported")
+
+
+def first_evaluate(cluster: Any, name: str, phases: bool = False) -> dict[str, Any]:
+    """Trace and first evaluate of workload `name` on `cluster`, then its cached wall; with
+    `phases`, the first two inside a profile, and where their time went."""
     (w,) = [w for w in workloads(False) if w.name == name]
     handles = [cluster.put(i % 3, a) for i, a in enumerate(w.args)]
     prog = program(w.fn, len(w.args), "precise")
     waits = os.environ.get(ENV_TIER_UP)
     os.environ[ENV_TIER_UP] = "background"  # the first evaluate a user meets (the default)
     try:
-        start = time.perf_counter()
-        cluster.compile(prog, *handles)
-        trace = time.perf_counter() - start
-        got = cluster.fetch(cluster.evaluate(prog, *handles), party=0)
-        first = time.perf_counter() - start
+        with cluster.profile() if phases else contextlib.nullcontext() as timeline:
+            start = time.perf_counter()
+            cluster.compile(prog, *handles)
+            trace = time.perf_counter() - start
+            got = cluster.fetch(cluster.evaluate(prog, *handles), party=0)
+            first = time.perf_counter() - start
     finally:
         os.environ[ENV_TIER_UP] = waits if waits is not None else "wait"
     wall = statistics.median(
         samples(lambda: cluster.fetch(cluster.evaluate(prog, *handles), party=0), 3)
     )
-    return {"trace": trace, "first": first, "wall": wall, "error": error(w.metric, got, w.ref)}
+    out: dict[str, Any] = {"trace": trace, "first": first, "wall": wall}
+    out["error"] = error(w.metric, got, w.ref)
+    if timeline is not None:
+        out["phases"] = phase_seconds(timeline.spans, cluster.world_size)
+    return out
 
 
-def child(name: str) -> None:
+def phase_seconds(spans: list[Any], parties: int) -> dict[str, float]:
+    """Seconds of each phase of a profiled trace and first evaluate: the caller's trace
+    spans summed by name, and each party's preparation, kernel runs and receive waits,
+    averaged over the parties."""
+    found: dict[str, float] = {}
+    for span in spans:
+        if span.category == "trace":
+            key = span.name
+        elif span.party >= 0 and span.category in ("compile", "run", "recv"):
+            key = {"compile": "party prepare", "run": "party runs", "recv": "party waits"}[
+                span.category
+            ]
+        else:
+            continue
+        share = 1 if span.category == "trace" else 1 / parties
+        found[key] = found.get(key, 0.0) + share * span.duration_ns / 1e9
+    return found
+
+
+def phase_rows(raw: dict[str, dict[str, Any]]) -> list[str]:
+    """Where each workload's cold and warm first evaluates went (see `phase_seconds`)."""
+    head = ["workload", "run", "trace s", "user s", "share program s", "rounds s"]
+    head += [f"{p} s" for p in ROUND_PHASES] + ["written s", "evaluate s", "prepare s"]
+    head += ["kernel runs s", "receive waits s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, runs in raw.items():
+        for kind in ("cold", "warm"):
+            p = runs[kind]["phases"]
+            rounds = p.get("mpc rounds", 0.0)
+            steps = [
+                p.get(f"mpc round {x}" if x != "scheduled" else "mpc rounds scheduled", 0.0)
+                for x in ROUND_PHASES
+            ]
+            user = p.get("trace", 0.0) - p.get("mpc share program", 0.0) - rounds
+            cells = [name, kind, p.get("trace", 0.0), user, p.get("mpc share program", 0.0)]
+            cells += [rounds, *steps, rounds - sum(steps)]
+            cells += [runs[kind]["first"] - runs[kind]["trace"], p.get("party prepare", 0.0)]
+            cells += [p.get("party runs", 0.0), p.get("party waits", 0.0)]
+            lines.append(
+                "| " + " | ".join(c if isinstance(c, str) else f"{c:.2f}" for c in cells) + " |"
+            )
+    return lines
+
+
+def child(name: str, phases: bool) -> None:
     with mp.Simulator(3, timeout=RECV_TIMEOUT_S) as sim:
-        print(json.dumps(first_evaluate(sim, name)), flush=True)
+        print(json.dumps(first_evaluate(sim, name, phases)), flush=True)
 
 
-def in_fresh_process(name: str, cache: Path) -> dict[str, float]:
+def in_fresh_process(name: str, cache: Path, phases: bool = False) -> dict[str, Any]:
     env = {**os.environ, "MPPLUG_CACHE_DIR": str(cache)}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.mpc_start", "--child", name],
+        [sys.executable, "-m", "bench.mpc_start", "--child", name]
+        + (["--phases"] if phases else []),
         env=env,
         capture_output=True,
         text=True,
@@ -81,7 +143,9 @@ def in_fresh_process(name: str, cache: Path) -> dict[str, float]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def start_rows(names: list[str], spu: dict[str, Any] | None) -> tuple[list[str], bool, dict]:
+def start_rows(
+    names: list[str], spu: dict[str, Any] | None, phases: bool = False
+) -> tuple[list[str], bool, dict]:
     head = ["workload", "cold first s (trace)", "warm first s (trace)", "cached wall s"]
     if spu is not None:
         head += ["SPU first s", "cold / SPU", "warm / SPU", "target"]
@@ -89,8 +153,8 @@ def start_rows(names: list[str], spu: dict[str, Any] | None) -> tuple[list[str],
     missed, raw = False, {}
     for name in names:
         with tempfile.TemporaryDirectory(prefix="mpplug-cache-") as tmp:
-            cold = in_fresh_process(name, Path(tmp))
-            warm = in_fresh_process(name, Path(tmp))
+            cold = in_fresh_process(name, Path(tmp), phases)
+            warm = in_fresh_process(name, Path(tmp), phases)
         raw[name] = {"cold": cold, "warm": warm}
         cells = [
             name,
@@ -157,11 +221,12 @@ def main() -> int:
     ap.add_argument("--spu", help="the SPU anchor's --json output (its first_s)")
     ap.add_argument("--only", help="substring filter on workload names")
     ap.add_argument("--driver", action="store_true", help="also the Driver next to the Simulator")
+    ap.add_argument("--phases", action="store_true", help="also where each first run's time went")
     ap.add_argument("--json", help="write raw results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.phases)
         return 0
     spu = load_spu(args.spu, need_wall=False) if args.spu else None
     names = [w.name for w in workloads(False) if not args.only or args.only in w.name]
@@ -171,8 +236,10 @@ def main() -> int:
         " (the Simulator's)",
         flush=True,
     )
-    lines, missed, raw = start_rows(names, spu)
+    lines, missed, raw = start_rows(names, spu, args.phases)
     print("\n" + "\n".join(lines))
+    if args.phases:
+        print("\n" + "\n".join(phase_rows(raw)))
     if args.driver:
         driver, driver_missed, raw_driver = driver_rows(names)
         missed |= driver_missed

@@ -8,6 +8,7 @@ import json
 import time
 from collections import Counter
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -150,3 +151,46 @@ def pipeline_two(x: mp.MPObject) -> mp.MPObject:
 def fails_at_one(x: mp.MPObject) -> mp.MPObject:
     at_one = mp.p2p(0, 1, x)
     return mp.run_pfunc(fail_pfunction("failed after the hop"), at_one)[0]
+
+
+def test_a_profiled_trace_records_its_phases_and_a_cached_or_unprofiled_one_records_none(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", str(tmp_path))  # no recording traced before
+
+    @mp.function
+    def secure(x: mp.MPObject, y: mp.MPObject) -> mp.MPObject:
+        a, b = mp.mpc.seal(x), mp.mpc.seal(y)
+        return mp.mpc.reveal(mp.mpc.run(lambda u, v: jnp.maximum(u * v, 0.25 * u), a, b))
+
+    with mp.Simulator(3) as sim:
+        x = sim.put(0, np.linspace(-1, 1, 6, dtype=np.float32))
+        y = sim.put(1, np.full(6, 0.5, np.float32))
+        with sim.profile() as timeline:
+            program = sim.compile(secure, x, y)
+            sim.compile(secure, x, y)  # cached: traced once
+        traced = [s for s in timeline.spans if s.category == "trace"]
+        assert all(s.party == CALLER and s.category in CATEGORIES for s in traced)
+        names = Counter(s.name for s in traced)
+        written = [f for f in program.graph.functions if f.fn_type == "jax.exec"]
+        assert names["trace"] == 1 and names["mpc share program"] == 1
+        assert names["mpc rounds"] == 1 and names["mpc rounds scheduled"] == 1
+        assert names["mpc recording loaded"] == 1
+        # each round this process had not written before: parsed, planned (a Simulator runs
+        # its first run interpreted), serialized and exported once
+        steps = [names[f"mpc round {step}"] for step in ("parsed", "planned", "serialized")]
+        assert steps == [names["mpc round exported"]] * 3
+        (whole,) = [s for s in traced if s.name == "trace"]
+        (rounds,) = [s for s in traced if s.name == "mpc rounds"]
+        assert whole.args == {"function": "secure"}
+        assert names["mpc round exported"] > 0 and 0 < rounds.args["functions"] < len(written)
+        for s in traced:  # each phase inside the trace that holds it
+            assert whole.start_ns <= s.start_ns
+            assert s.start_ns + s.duration_ns <= whole.start_ns + whole.duration_ns
+
+        sim.compile(lambda v: mp.mpc.reveal(mp.mpc.run(jnp.abs, mp.mpc.seal(v))), x)
+        assert len(timeline.spans) == len(traced)  # outside the block: nothing recorded
+        got = sim.fetch(sim.evaluate(program, x, y), party=0)
+    np.testing.assert_allclose(
+        got, np.maximum(np.linspace(-1, 1, 6) * 0.5, 0.25 * np.linspace(-1, 1, 6)), atol=1e-4
+    )

@@ -33,6 +33,7 @@ from mpplug.mpc.protocol import TRUNCATIONS, Context, Protocol
 from mpplug.mpc.recording import Recording
 from mpplug.mpc.rounds import emitting, record_rounds
 from mpplug.mpc.sealed import Sealed
+from mpplug.runtime.profile import phase
 
 DEFAULT_FRAC_BITS = 18
 """Fraction bits of fixed point, as SPU's FM64 default."""
@@ -298,7 +299,9 @@ def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         emitting(),
     )
     key = trace_cache.trace_key(closed, inputs, settings)
-    recording = trace_cache.load(key)
+    with phase("mpc recording loaded") as details:
+        recording = trace_cache.load(key)
+        details["found"] = recording is not None
     if recording is None:
         with collection_paused():
             recording = _record(
@@ -381,9 +384,12 @@ def _record(
     avals = [jax.ShapeDtypeStruct(v.shape, v.dtype.numpy) for v in context]
     avals += [proto.shares_aval(leaves[i].shape) for i in sorted(secret_positions)]
     avals += [jax.ShapeDtypeStruct(v.shape, v.dtype.numpy) for v in public_inputs]
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), phase("mpc share program") as details:
         program = jax.make_jaxpr(share_program)(*avals)
-    recording = record_rounds(program, avals, platforms)
+        details["equations"] = len(program.jaxpr.eqns)
+    with phase("mpc rounds") as details:
+        recording = record_rounds(program, avals, platforms)
+        details["functions"] = len(recording.functions)
     recording.metas = [
         (tuple(shape), np.dtype(dtype), boolean, wide) for shape, dtype, boolean, wide in metas
     ]

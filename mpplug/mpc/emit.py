@@ -32,6 +32,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 from mpplug.core import PFunction, TensorType
 from mpplug.kernels import interpreted, jax_exec
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
+from mpplug.runtime.profile import phase
 
 ELEMENT_TYPES: dict[np.dtype, str] = {
     np.dtype(np.bool_): "i1",
@@ -782,12 +783,18 @@ def _serialized(text: str, planned: bool) -> tuple[bytes, interpreted.Plan | Non
         _contexts.uses = 0
     _contexts.uses += 1
     with context:
-        try:
-            module = ir.Module.parse(text)
-        except Exception as exc:  # a module the parser refuses: JAX's export writes it instead
-            raise Unemittable(f"the module does not parse: {exc}") from None
-        plan = _plan(module) if planned else None
-        return bytes(hlo.serialize_portable_artifact(module, _target_version())), plan
+        with phase("mpc round parsed"):
+            try:
+                module = ir.Module.parse(text)
+            except Exception as exc:  # a module the parser refuses: JAX's export writes it
+                raise Unemittable(f"the module does not parse: {exc}") from None
+        if planned:
+            with phase("mpc round planned"):
+                plan = _plan(module)
+        else:
+            plan = None
+        with phase("mpc round serialized"):
+            return bytes(hlo.serialize_portable_artifact(module, _target_version())), plan
 
 
 def _plan(module: ir.Module) -> interpreted.Plan | None:
@@ -856,6 +863,19 @@ def _written(
     out_avals: tuple[jax.core.ShapedArray, ...],
 ) -> PFunction:
     module, plan = _serialized(text, jax_exec.plans_written())
+    with phase("mpc round exported"):
+        return _pfunction(name, platform, module, plan, in_avals, out_avals)
+
+
+def _pfunction(
+    name: str,
+    platform: str,
+    module: bytes,
+    plan: interpreted.Plan | None,
+    in_avals: tuple[jax.core.ShapedArray, ...],
+    out_avals: tuple[jax.core.ShapedArray, ...],
+) -> PFunction:
+    """The PFunction of a round's serialized `module`: its `jax.export` artifact."""
     n, m = len(in_avals), len(out_avals)
     exported = jax_export.Exported(
         fun_name=name,

@@ -34,6 +34,7 @@ from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction, stream
 from mpplug.mpc import emit, spliced
 from mpplug.mpc.prf import KEY_WORDS, blocks_for, picked_row, prf_p, stream_view
 from mpplug.mpc.recording import Recording
+from mpplug.runtime.profile import phase
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +270,8 @@ def record_rounds(
     iteration draws): its PRF streams move on by that many each iteration."""
     closed = spliced.inline(closed)
     jaxpr = closed.jaxpr
-    plan = plan_rounds(jaxpr)
+    with phase("mpc rounds scheduled"):
+        plan = plan_rounds(jaxpr)
     consts = dict(zip(jaxpr.constvars, closed.consts, strict=True))
     recording = Recording(len(input_types))
     types: list[jax.ShapeDtypeStruct] = list(input_types)

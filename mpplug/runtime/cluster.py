@@ -23,7 +23,7 @@ from mpplug.errors import MPPlugError, TraceError
 from mpplug.frontend.tracer import MPFunction, Program, static_key, trace
 from mpplug.kernels.runtime import LRUCache
 from mpplug.runtime.codec import as_host_array, is_table, payload_nbytes
-from mpplug.runtime.profile import Timeline
+from mpplug.runtime.profile import Timeline, phase, tracing_into
 
 _cluster_ids = itertools.count()
 
@@ -287,15 +287,20 @@ class Cluster(ABC):
         inputs = [leaf for leaf in jax.tree.leaves(every) if isinstance(leaf, MPObject)]
 
         def traced() -> Program:
-            return trace(
-                fn,
-                args,
-                world_size=self.world_size,
-                party_names=self._party_names,
-                platforms=self.platforms,
-                dataset_type=self._dataset_type,
-                kwargs=kwargs,
-            )[0]
+            timeline = self._timeline
+            with (
+                tracing_into(timeline.caller if timeline is not None else None),
+                phase("trace", function=getattr(fn, "__name__", type(fn).__name__)),
+            ):
+                return trace(
+                    fn,
+                    args,
+                    world_size=self.world_size,
+                    party_names=self._party_names,
+                    platforms=self.platforms,
+                    dataset_type=self._dataset_type,
+                    kwargs=kwargs,
+                )[0]
 
         key = _signature(fn, every)
         program = traced() if key is None else self._programs.get_or_create(key, traced)

@@ -3,12 +3,14 @@ compiles and runs) and the driver's calls, written as Chrome trace event JSON.
 
 A `Recorder` collects one party's spans for one execution; a `Timeline` gathers every party's
 and the caller's, and writes them with one track per party (Perfetto or chrome://tracing).
+A profiled trace records its phases (`phase`) on the caller's track.
 Timestamps are wall-clock nanoseconds (`time.time_ns`), so parties on hosts with synchronized
 clocks line up.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
@@ -21,13 +23,16 @@ from typing import Any
 CALLER = -1
 """The party index of the caller's own spans (the driver, or the Simulator's caller)."""
 
-CATEGORIES = frozenset({"op", "send", "recv", "compile", "run", "rpc"})
+TRACE = "trace"
+"""The category of the caller's spans that time a trace and its phases (see `phase`)."""
+
+CATEGORIES = frozenset({"op", "send", "recv", "compile", "run", "rpc", TRACE})
 
 
 @dataclass(frozen=True, slots=True)
 class Span:
     """Something that took time at one party: `category` is "op", "send", "recv",
-    "compile", "run" or "rpc"; `args` are the details shown with it."""
+    "compile", "run", "rpc" or "trace"; `args` are the details shown with it."""
 
     party: int
     name: str
@@ -61,6 +66,35 @@ class Recorder:
             yield args
         finally:
             self.add(name, category, start, **args)
+
+
+_tracing_into: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
+    "mpplug_tracing_into", default=None
+)
+
+
+@contextmanager
+def tracing_into(recorder: Recorder | None) -> Iterator[None]:
+    """Inside the block, the `phase` spans of this thread's trace go to `recorder` (None: to
+    nothing, as outside any profile)."""
+    token = _tracing_into.set(recorder)
+    try:
+        yield
+    finally:
+        _tracing_into.reset(token)
+
+
+@contextmanager
+def phase(name: str, **args: Any) -> Iterator[dict[str, Any]]:
+    """Record the block as a "trace" span where a profiled trace runs on this thread (see
+    `tracing_into`); elsewhere it records nothing. Details added to the yielded dict are
+    kept with the span."""
+    recorder = _tracing_into.get()
+    if recorder is None:
+        yield args
+        return
+    with recorder.span(name, TRACE, **args) as details:
+        yield details
 
 
 _COMPILE_EVENTS = frozenset(
