@@ -300,8 +300,8 @@ def test_a_kernel_returning_the_wrong_number_of_outputs_is_refused():
 
 def test_constants_are_placed_on_the_device_once_with_their_bits():
     """A constant PFunction gives each of its values with its bits (uint64 and bool too), as
-    JAX arrays on the party's device, the same ones at every run; a body of the wrong size
-    is refused."""
+    JAX arrays on the party's device, the same ones at every run and at every party of the
+    process that shares the device; a body of the wrong size is refused."""
     from mpplug.kernels.builtin import constant_pfunction
 
     values = [np.array([2**64 - 1, 3], np.uint64), np.array([[True, False]]), np.float32(1.5)]
@@ -312,6 +312,9 @@ def test_constants_are_placed_on_the_device_once_with_their_bits():
         assert isinstance(got, jax.Array) and got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(np.asarray(got), want)
     assert all(a is b for a, b in zip(first, again, strict=True))
+    # another party of this process on the same device reads the arrays placed for the first
+    other = invoke(pfunc, runtime=KernelRuntime(1, 3))
+    assert all(a is b for a, b in zip(first, other, strict=True))
     short = PFunction(pfunc.fn_type, pfunc.fn_name, pfunc.fn_body[:-1], (), pfunc.outs_info)
     with pytest.raises(InvalidPFunctionError, match="need 22 body bytes, got 21"):
         invoke(short, runtime=KernelRuntime())
