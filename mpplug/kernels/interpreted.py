@@ -213,6 +213,7 @@ def plan(module: ir.Module) -> Plan:
     if getattr(_contexts, "typed", None) is not module.context:  # `_tensor`'s types: its own
         _contexts.typed, _contexts.types = module.context, {}
         _contexts.checked, _contexts.ints, _contexts.constants = set(), {}, {}
+    _contexts.planning = (None, None)
     funcs = {}
     for op in module.body.operations:
         if op.operation.name != "func.func":
@@ -240,30 +241,36 @@ def _tensor(value: ir.Value) -> tuple[tuple[int, ...], np.dtype]:
     """The value's shape and dtype (read once per type of the context `plan` runs in: types
     are unique within a context)."""
     vtype = value.type
-    types = _contexts.types
-    found = types.get(vtype)
-    if found is None:
-        try:
-            ttype = ir.RankedTensorType(vtype)
-        except ValueError:
-            raise Unsupported(f"a value of type {vtype}") from None
-        dtype = DTYPES.get(str(ttype.element_type))
-        if dtype is None:
-            raise Unsupported(f"element type {ttype.element_type}")
-        found = types[vtype] = (tuple(ttype.shape), dtype)
+    found = _contexts.types.get(vtype)
+    return found if found is not None else _new_type(vtype)
+
+
+def _new_type(vtype: ir.Type) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        ttype = ir.RankedTensorType(vtype)
+    except ValueError:
+        raise Unsupported(f"a value of type {vtype}") from None
+    dtype = DTYPES.get(str(ttype.element_type))
+    if dtype is None:
+        raise Unsupported(f"element type {ttype.element_type}")
+    found = _contexts.types[vtype] = (tuple(ttype.shape), dtype)
     return found
 
 
-def _checked_result(value: ir.Value) -> None:
-    """Raise `Unsupported` for an op result too big to hold (checked once per type)."""
+def _checked_result(value: ir.Value) -> tuple[tuple[int, ...], np.dtype]:
+    """An op result's shape and dtype; raises `Unsupported` for one too big to hold
+    (checked once per type)."""
     vtype = value.type
+    found = _contexts.types.get(vtype)
+    if found is None:
+        found = _new_type(vtype)
     checked = _contexts.checked
-    if vtype in checked:
-        return
-    shape, dtype = _tensor(value)
-    if math.prod(shape) * dtype.itemsize > VALUE_LIMIT_BYTES:
-        raise Unsupported(f"a value of {shape} {dtype}, over {VALUE_LIMIT_BYTES >> 20} MiB")
-    checked.add(vtype)
+    if vtype not in checked:
+        shape, dtype = found
+        if math.prod(shape) * dtype.itemsize > VALUE_LIMIT_BYTES:
+            raise Unsupported(f"a value of {shape} {dtype}, over {VALUE_LIMIT_BYTES >> 20} MiB")
+        checked.add(vtype)
+    return found
 
 
 def _ints(attr: ir.Attribute) -> tuple[int, ...]:
@@ -370,8 +377,8 @@ class _Block:
             self.results = tuple(slot(v) for v in op.operands)
             return
         results = list(op.results)
-        for result in results:
-            _checked_result(result)
+        tensors = [_checked_result(result) for result in results]
+        _contexts.planning = (op, tensors[0] if tensors else None)
         handler = _HANDLERS.get(name)
         if handler is None:
             raise Unsupported(f"op {name}")
@@ -629,6 +636,12 @@ def _handles(*names: str) -> Callable[[Handler], Handler]:
 
 
 def _result(op: ir.Operation, index: int = 0) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of `op`'s result `index` (the first result of the op being
+    planned is known already)."""
+    if index == 0:
+        planned, found = _contexts.planning
+        if planned is op:
+            return found
     return _tensor(op.results[index])
 
 
