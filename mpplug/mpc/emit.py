@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -47,9 +47,9 @@ class Unemittable(Exception):
     """An equation this module does not write: the round is exported by `jax.export`."""
 
 
-@dataclass(frozen=True, slots=True)
-class Value:
-    """An SSA value of the function being written."""
+class Value(NamedTuple):
+    """An SSA value of the function being written (a tuple: a round writes tens of
+    thousands of them)."""
 
     name: str
     shape: tuple[int, ...]
@@ -73,10 +73,28 @@ def _tensor_type(shape: tuple[int, ...], dtype: np.dtype) -> str:
 
 
 def _i64s(values: Sequence[int]) -> str:
-    return "array<i64" + (": " + ", ".join(str(int(v)) for v in values) if values else "") + ">"
+    return _i64s_of(tuple(map(int, values)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _i64s_of(values: tuple[int, ...]) -> str:
+    return "array<i64" + (": " + ", ".join(map(str, values)) if values else "") + ">"
 
 
 def _dense(array: np.ndarray) -> str:
+    if array.size > 64:
+        return _dense_of(array)
+    return _small_dense(array.dtype.str, array.shape, array.tobytes())
+
+
+@functools.lru_cache(maxsize=4096)
+def _small_dense(dtype: str, shape: tuple[int, ...], raw: bytes) -> str:
+    """`_dense` of a small constant, by its bits (a round's shifts and masks come back in
+    every round)."""
+    return _dense_of(np.frombuffer(raw, dtype).reshape(shape))
+
+
+def _dense_of(array: np.ndarray) -> str:
     if array.size == 0:
         raise Unemittable("an empty constant")
     flat = array.ravel()
@@ -155,23 +173,26 @@ class Builder:
         dtype: Any,
         properties: str = "",
     ) -> Value:
-        shape, dtype = tuple(shape), np.dtype(dtype)
+        shape = shape if type(shape) is tuple else tuple(shape)
+        dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         names = tuple([v.name for v in operands])
         key = (kind, names, shape, dtype, properties)
         found = self.written.get(key)
         if found is not None:
             return found
-        out = self.written[key] = Value(self.name(), shape, dtype)
+        self.count += 1
+        name = f"%{self.count}"
+        out = self.written[key] = Value(name, shape, dtype)
         if kind == "constant":
-            self.constant_names.add(out.name)
-        types = ", ".join([v.type for v in operands])
+            self.constant_names.add(name)
+        types = ", ".join([_tensor_type(v.shape, v.dtype) for v in operands])
         props = f" <{{{properties}}}>" if properties else ""
         self.lines.append(
             (
-                out.name,
+                name,
                 names,
-                f'    {out.name} = "stablehlo.{kind}"({", ".join(names)}){props} : ({types}) '
-                f"-> {out.type}",
+                f'    {name} = "stablehlo.{kind}"({", ".join(names)}){props} : ({types}) '
+                f"-> {_tensor_type(shape, dtype)}",
             )
         )
         return out
@@ -194,7 +215,7 @@ class Builder:
 
     def flat(self, x: Any) -> Value:
         x = self.value(x)
-        return self.reshape(x, (int(np.prod(x.shape)),))
+        return self.reshape(x, (math.prod(x.shape),))
 
     def slice(
         self,
