@@ -553,3 +553,70 @@ def test_every_round_comes_back_unchanged_from_jaxs_writer(
             for with_sdy in (True, False):
                 again = mlir.serialize_portable_artifact(parsed, version, with_sdy)
                 assert bytes(again) == module
+
+
+def _eqn(fn: Callable[..., Any], *args: Any) -> Any:
+    (eqn,) = jax.make_jaxpr(fn)(*args).jaxpr.eqns
+    return eqn
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [
+        (lambda x: -x, (np.float32(1.5),)),
+        (lambda x, y: x / y, (np.float32(-1.0), np.float32(256.0))),
+        (lax.div, (np.array([-7, 7, -8], np.int32), np.array([2, -2, 0], np.int32))),
+        (lambda x: lax.broadcast_in_dim(x, (3, 2), (1,)), (np.array([0.25, -0.0], np.float32),)),
+        (lax.shift_right_logical, (np.array([2**64 - 1, 8], np.uint64), np.full(2, 3, np.uint64))),
+        (lambda: lax.iota(np.int32, 5), ()),
+    ],
+)
+def test_a_public_constant_is_computed_with_xlas_bits_and_no_compile(
+    fn: Any, args: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eqn = _eqn(fn, *args)
+    want = eqn.primitive.bind(*args, **eqn.params)  # JAX's own (compiled once per signature)
+    from jax._src import compiler
+
+    compiles: list[Any] = []
+    monkeypatch.setattr(compiler, "backend_compile_and_load", lambda *a, **k: compiles.append(a))
+    (got,) = emit.evaluated(eqn, list(args))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.asarray(want).tobytes() == got.tobytes()  # the same bits, -0.0 and all
+    assert compiles == []
+
+
+def test_a_constant_a_plan_cannot_give_exactly_is_left_to_jax() -> None:
+    assert emit.evaluated(_eqn(jnp.exp, np.float32(1.0)), [np.float32(1.0)]) is None  # XLA's own
+    weak = _eqn(lambda x: x * 2, 3.0)  # a weakly typed result: a numpy array would not be
+    assert emit.evaluated(weak, [3.0]) is None
+
+
+def test_a_secure_program_with_public_constant_math_is_the_one_jax_would_fold(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The constants a secure function computes from public values (a mean's 1/n, a
+    one-hot's iota) give the program JAX's own eager evaluation gives, byte for byte."""
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", "")  # traced anew each time
+
+    labels = np.arange(8, dtype=np.int32) % 3
+
+    def step(x: Any) -> Any:
+        scale = -1.0 / jnp.float32(x.shape[0])
+        onehot = jnp.asarray(labels)[:, None] == jnp.arange(3, dtype=np.int32)
+        return (jnp.where(onehot, x, 0.0) * scale).sum(0)
+
+    @mp.function
+    def secure(x: mp.MPObject) -> mp.MPObject:
+        return mp.mpc.reveal(mp.mpc.run(step, mp.mpc.seal(x)), to=0)
+
+    x = RNG.standard_normal((8, 3)).astype(np.float32)
+    with mp.Simulator(3) as sim:
+        held = sim.put(0, x)
+        folded = sim.compile(secure, held)
+        got = sim.fetch(sim.evaluate(folded, held), party=0)
+    monkeypatch.setattr(emit, "evaluated", lambda eqn, values: None)  # each bound by JAX
+    with mp.Simulator(3) as sim:
+        bound = sim.compile(secure, sim.put(0, x))
+    assert folded.digest == bound.digest
+    np.testing.assert_allclose(got, np.asarray(step(x)), atol=1e-4)

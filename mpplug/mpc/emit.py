@@ -788,6 +788,55 @@ the constants it parsed until it is dropped)."""
 _contexts = threading.local()
 
 
+def _context() -> ir.Context:
+    """This thread's MLIR context, a new one every `CONTEXT_USES` modules."""
+    context = getattr(_contexts, "context", None)
+    if context is None or _contexts.uses >= CONTEXT_USES:
+        context = _contexts.context = jax_mlir.make_ir_context()
+        _contexts.uses = 0
+    _contexts.uses += 1
+    return context
+
+
+def evaluated(eqn: JaxprEqn, values: Sequence[Any]) -> list[np.ndarray] | None:
+    """`eqn` on the concrete `values` of its inputs (a literal's too), with the bits XLA
+    gives, run as an interpreted plan: JAX compiles each primitive it runs on concrete
+    values (about 30 ms a primitive and signature on a CPU). None where a plan cannot give
+    them (then the caller binds the primitive)."""
+    if any(getattr(v.aval, "weak_type", False) for v in eqn.outvars):
+        return None  # JAX's result is weakly typed, a numpy array is not
+    builder = Builder()
+    env: dict[Any, Any] = {}
+    arrays = []
+    try:
+        for v, value in zip(eqn.invars, values, strict=True):
+            if not isinstance(v, Literal):
+                array = np.asarray(value, dtype=v.aval.dtype)  # type: ignore[attr-defined]
+                env[v] = builder.arg(array.shape, array.dtype)
+                arrays.append(array)
+        builder.bind(eqn, env)
+        outs = [builder.value(env[v]) for v in eqn.outvars]
+        plan = _plan_of(builder.text(outs))
+        if plan is None:
+            return None
+        got = interpreted.call(plan, arrays)
+    except (Unemittable, interpreted.NotExact):
+        return None
+    return [
+        np.asarray(x, dtype=v.aval.dtype)  # type: ignore[attr-defined]
+        for x, v in zip(got, eqn.outvars, strict=True)
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_of(text: str) -> interpreted.Plan | None:
+    with _context():
+        try:
+            return _plan(ir.Module.parse(text))
+        except Exception:  # a module the parser refuses: bound by JAX instead
+            return None
+
+
 def _serialized(text: str, planned: bool) -> tuple[bytes, interpreted.Plan | None]:
     """The module `text` as a portable artifact whose bytes JAX's writer gives back
     unchanged (a party's module check parses and writes each module again), and, if
@@ -798,12 +847,7 @@ def _serialized(text: str, planned: bool) -> tuple[bytes, interpreted.Plan | Non
     nothing in a module of StableHLO ops but hoist its constants to the top of `main` (see
     `Builder.text`), and verify the module after each one: StableHLO's own writer, used
     here, takes a third of the time."""
-    context = getattr(_contexts, "context", None)
-    if context is None or _contexts.uses >= CONTEXT_USES:
-        context = _contexts.context = jax_mlir.make_ir_context()
-        _contexts.uses = 0
-    _contexts.uses += 1
-    with context:
+    with _context():
         with phase("mpc round parsed"):
             try:
                 module = ir.Module.parse(text)

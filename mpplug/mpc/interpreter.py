@@ -24,7 +24,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
 
 from mpplug.errors import TraceError
-from mpplug.mpc import ring
+from mpplug.mpc import emit, ring
 from mpplug.mpc.fixed import Fxp
 from mpplug.mpc.protocol import Context, Protocol, Shares
 from mpplug.mpc.rules import (  # noqa: F401  (importing a family registers its rules)
@@ -240,7 +240,12 @@ class Interpreter:
             params = eqn.primitive.get_bind_params(eqn.params)
             if any(isinstance(v, jax.core.Tracer) for v in values):
                 return eqn.primitive.bind(*values, **params)
-            with jax.ensure_compile_time_eval():  # constants stay constants (a divisor, a shift)
+            # constants stay constants (a divisor, a shift), computed without a compile
+            folded = emit.evaluated(eqn, values)
+            with jax.ensure_compile_time_eval():
+                if folded is not None:  # placed as JAX places what it computes
+                    outs = jax.device_put(folded)
+                    return outs if eqn.primitive.multiple_results else outs[0]
                 return eqn.primitive.bind(*values, **params)
         if any(isinstance(v, Secret) and v.wide for v in values):
             needed = _to_wrap(eqn, values)
