@@ -828,7 +828,6 @@ def evaluated(eqn: JaxprEqn, values: Sequence[Any]) -> list[np.ndarray] | None:
     ]
 
 
-@functools.lru_cache(maxsize=256)
 def _plan_of(text: str) -> interpreted.Plan | None:
     with _context():
         try:
