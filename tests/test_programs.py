@@ -9,6 +9,7 @@ import pytest
 
 import mpplug as mp
 from mpplug.core import graph as graph_module
+from mpplug.core import serde
 from mpplug.core.graph import Graph
 from mpplug.errors import InvalidProgramError, TraceError
 
@@ -63,11 +64,15 @@ def test_canonical_bytes_decode_to_a_graph_that_keeps_them_and_others_are_writte
     writes: list[Graph] = []
     write = graph_module._to_proto
     monkeypatch.setattr(graph_module, "_to_proto", lambda g: writes.append(g) or write(g))
+    to_proto = serde.pfunction_to_proto
+    monkeypatch.setattr(serde, "pfunction_to_proto", lambda f: writes.append(f) or to_proto(f))
     kept = Graph.from_bytes(data, canonical=True)
     assert kept == program.graph and kept.to_bytes() == data
     assert kept.digest == program.digest and writes == []  # not written again
+    assert [f.digest for f in kept.functions] == [f.digest for f in program.graph.functions]
+    assert writes == []  # nor any of its functions
     decoded = Graph.from_bytes(data)  # as a party server decodes: written again, checked
-    assert decoded.digest == program.digest and writes == [decoded]
+    assert decoded.digest == program.digest and decoded in writes
 
 
 def test_static_arguments_are_baked_into_the_program():

@@ -93,6 +93,9 @@ class Graph(Block):
         graph = _from_proto(msg)
         if canonical:
             graph.__dict__["_bytes"] = bytes(data)  # the cached_property's value, given
+            for pfunc, written in zip(graph.functions, msg.functions, strict=True):
+                # each function's canonical bytes, which `to_bytes` wrote into the graph
+                pfunc.__dict__["_bytes"] = written.SerializeToString(deterministic=True)
         return graph
 
     def ir(self) -> str:
