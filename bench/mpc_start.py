@@ -80,20 +80,29 @@ def first_evaluate(cluster: Any, name: str, phases: bool = False) -> dict[str, A
 
 def phase_seconds(spans: list[Any], parties: int) -> dict[str, float]:
     """Seconds of each phase of a profiled trace and first evaluate: the caller's trace
-    spans summed by name, and each party's preparation, kernel runs and receive waits,
-    averaged over the parties."""
+    spans by name, each as its own time ("self ...": less the spans inside it, so a loop
+    body's rounds, written inside the share program, count as rounds) and in all; and each
+    party's preparation, kernel runs and receive waits, averaged over the parties."""
     found: dict[str, float] = {}
+
+    def add(key: str, seconds: float) -> None:
+        found[key] = found.get(key, 0.0) + seconds
+
+    enclosing: list[Any] = []
+    for span in sorted(
+        (s for s in spans if s.category == "trace"), key=lambda s: (s.start_ns, -s.duration_ns)
+    ):
+        while enclosing and span.start_ns >= enclosing[-1].start_ns + enclosing[-1].duration_ns:
+            enclosing.pop()
+        if enclosing:
+            add(f"self {enclosing[-1].name}", -span.duration_ns / 1e9)
+        add(f"self {span.name}", span.duration_ns / 1e9)
+        add(span.name, span.duration_ns / 1e9)
+        enclosing.append(span)
+    names = {"compile": "party prepare", "run": "party runs", "recv": "party waits"}
     for span in spans:
-        if span.category == "trace":
-            key = span.name
-        elif span.party >= 0 and span.category in ("compile", "run", "recv"):
-            key = {"compile": "party prepare", "run": "party runs", "recv": "party waits"}[
-                span.category
-            ]
-        else:
-            continue
-        share = 1 if span.category == "trace" else 1 / parties
-        found[key] = found.get(key, 0.0) + share * span.duration_ns / 1e9
+        if span.party >= 0 and span.category in names:
+            add(names[span.category], span.duration_ns / 1e9 / parties)
     return found
 
 
@@ -106,14 +115,13 @@ def phase_rows(raw: dict[str, dict[str, Any]]) -> list[str]:
     for name, runs in raw.items():
         for kind in ("cold", "warm"):
             p = runs[kind]["phases"]
-            rounds = p.get("mpc rounds", 0.0)
             steps = [
-                p.get(f"mpc round {x}" if x != "scheduled" else "mpc rounds scheduled", 0.0)
+                p.get("mpc rounds scheduled" if x == "scheduled" else f"mpc round {x}", 0.0)
                 for x in ROUND_PHASES
             ]
-            user = p.get("trace", 0.0) - p.get("mpc share program", 0.0) - rounds
-            cells = [name, kind, p.get("trace", 0.0), user, p.get("mpc share program", 0.0)]
-            cells += [rounds, *steps, rounds - sum(steps)]
+            user = p.get("self trace", 0.0) + p.get("mpc recording loaded", 0.0)
+            cells = [name, kind, p.get("trace", 0.0), user, p.get("self mpc share program", 0.0)]
+            cells += [p.get("mpc rounds", 0.0), *steps, p.get("self mpc rounds", 0.0)]
             cells += [runs[kind]["first"] - runs[kind]["trace"], p.get("party prepare", 0.0)]
             cells += [p.get("party runs", 0.0), p.get("party waits", 0.0)]
             lines.append(

@@ -194,3 +194,24 @@ def test_a_profiled_trace_records_its_phases_and_a_cached_or_unprofiled_one_reco
     np.testing.assert_allclose(
         got, np.maximum(np.linspace(-1, 1, 6) * 0.5, 0.25 * np.linspace(-1, 1, 6)), atol=1e-4
     )
+
+
+def test_a_phase_table_counts_each_span_once_where_a_loops_rounds_nest_in_its_share_program():
+    from bench.mpc_start import phase_seconds
+    from mpplug.runtime.profile import Span
+
+    def span(name: str, start: float, end: float, party: int = CALLER, cat: str = "trace") -> Span:
+        return Span(party, name, cat, int(start * 1e9), int((end - start) * 1e9))
+
+    spans = [
+        span("trace", 0, 10),
+        span("mpc share program", 1, 6),
+        span("mpc rounds", 2, 4),  # a loop body's, recorded inside the share program
+        span("mpc rounds", 6, 9),
+        span("mpc round parsed", 6.5, 7),
+        *(span("prepare", 0, 0.3, party, "compile") for party in range(3)),
+    ]
+    got = phase_seconds(spans, 3)
+    want = {"self trace": 2, "self mpc share program": 3, "mpc rounds": 5, "self mpc rounds": 4.5}
+    assert {k: round(got[k], 6) for k in want} == want
+    assert round(got["party prepare"], 6) == 0.3

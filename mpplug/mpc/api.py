@@ -387,9 +387,7 @@ def _record(
     with jax.enable_x64(True), phase("mpc share program") as details:
         program = jax.make_jaxpr(share_program)(*avals)
         details["equations"] = len(program.jaxpr.eqns)
-    with phase("mpc rounds") as details:
-        recording = record_rounds(program, avals, platforms)
-        details["functions"] = len(recording.functions)
+    recording = record_rounds(program, avals, platforms)
     recording.metas = [
         (tuple(shape), np.dtype(dtype), boolean, wide) for shape, dtype, boolean, wide in metas
     ]

@@ -268,6 +268,18 @@ def record_rounds(
     one SHUFFLE and each loop one LOOP. Returns them as a `Recording` (inputs: `closed`'s
     arguments). A loop's body gives `iteration` = (its iteration input, the streams one
     iteration draws): its PRF streams move on by that many each iteration."""
+    with phase("mpc rounds") as details:
+        recording = _recorded(closed, input_types, platforms, iteration)
+        details["functions"] = len(recording.functions)
+    return recording
+
+
+def _recorded(
+    closed: ClosedJaxpr,
+    input_types: Sequence[jax.ShapeDtypeStruct],
+    platforms: Sequence[str] | None,
+    iteration: tuple[int, int] | None,
+) -> Recording:
     closed = spliced.inline(closed)
     jaxpr = closed.jaxpr
     with phase("mpc rounds scheduled"):
