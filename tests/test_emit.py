@@ -586,10 +586,19 @@ def test_a_public_constant_is_computed_with_xlas_bits_and_no_compile(
     assert compiles == []
 
 
-def test_a_constant_a_plan_cannot_give_exactly_is_left_to_jax() -> None:
+def test_a_constant_a_plan_cannot_give_exactly_is_left_to_jax(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert emit.evaluated(_eqn(jnp.exp, np.float32(1.0)), [np.float32(1.0)]) is None  # XLA's own
     weak = _eqn(lambda x: x * 2, 3.0)  # a weakly typed result: a numpy array would not be
     assert emit.evaluated(weak, [3.0]) is None
+    negated = _eqn(lambda x: -x, np.float32(1.5))
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a rule that did not foresee its parameters")
+
+    monkeypatch.setitem(emit._RULES, "neg", broken)
+    assert emit.evaluated(negated, [np.float32(1.5)]) is None  # bound by JAX instead
 
 
 def test_a_secure_program_with_public_constant_math_is_the_one_jax_would_fold(

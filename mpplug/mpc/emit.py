@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -33,6 +34,8 @@ from mpplug.core import PFunction, TensorType
 from mpplug.kernels import interpreted, jax_exec
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
 from mpplug.runtime.profile import phase
+
+log = logging.getLogger(__name__)
 
 ELEMENT_TYPES: dict[np.dtype, str] = {
     np.dtype(np.bool_): "i1",
@@ -821,6 +824,9 @@ def evaluated(eqn: JaxprEqn, values: Sequence[Any]) -> list[np.ndarray] | None:
             return None
         got = interpreted.call(plan, arrays)
     except (Unemittable, interpreted.NotExact):
+        return None
+    except Exception as exc:  # what a rule did not foresee: JAX binds it, as it always could
+        log.debug("%s on constants: bound by JAX (%s: %s)", eqn.primitive, type(exc).__name__, exc)
         return None
     return [
         np.asarray(x, dtype=v.aval.dtype)  # type: ignore[attr-defined]
