@@ -629,3 +629,15 @@ def test_a_secure_program_with_public_constant_math_is_the_one_jax_would_fold(
         bound = sim.compile(secure, sim.put(0, x))
     assert folded.digest == bound.digest
     np.testing.assert_allclose(got, np.asarray(step(x)), atol=1e-4)
+
+
+def test_a_public_constant_op_met_again_is_planned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[str] = []
+    plan = emit._parsed_plan
+    monkeypatch.setattr(emit, "_parsed_plan", lambda text: parsed.append(text) or plan(text))
+    eqn = _eqn(lambda x, y: x * y, np.arange(5, dtype=np.float32), np.float32(3.0))
+    firsts = [
+        emit.evaluated(eqn, [np.arange(5, dtype=np.float32) + i, np.float32(i)]) for i in range(4)
+    ]
+    assert [list(f[0]) for f in firsts] == [list((np.arange(5) + i) * i) for i in range(4)]
+    assert len(parsed) <= 1  # planned at most once (not at all where an earlier test planned it)

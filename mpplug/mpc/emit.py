@@ -834,7 +834,21 @@ def evaluated(eqn: JaxprEqn, values: Sequence[Any]) -> list[np.ndarray] | None:
     ]
 
 
+CONSTANT_PLANS_BYTES = 16 << 20
+_CONSTANT_PLANS: LRUCache[str, interpreted.Plan | None] = LRUCache(
+    DEFAULT_CACHE_SIZE,
+    weigh=lambda plan: plan.weight if plan is not None else 1,
+    max_weight=CONSTANT_PLANS_BYTES,
+)
+"""The plans of public constants' one-op modules, by module text (an unrolled loop of public
+math repeats the same few), weighed by what they hold (16 MiB in all)."""
+
+
 def _plan_of(text: str) -> interpreted.Plan | None:
+    return _CONSTANT_PLANS.get_or_create(text, lambda: _parsed_plan(text))
+
+
+def _parsed_plan(text: str) -> interpreted.Plan | None:
     with _context():
         try:
             return _plan(ir.Module.parse(text))
