@@ -341,6 +341,24 @@ def test_an_op_written_twice_is_written_once_and_scalars_broadcast_as_splats() -
     np.testing.assert_array_equal(_run(pfunc, [x])[0], 6 * x + 1)
 
 
+def test_a_stack_unstacked_in_the_same_function_is_its_parts() -> None:
+    """As a share program pairs a party's two shares and the next step splits them again:
+    no slice, and the stack itself is left out where nothing else reads it."""
+
+    def fn(x: Any, y: Any) -> Any:
+        first, second = lax.unstack(jnp.stack([x + 1, y * 2], axis=1), 1)
+        across = lax.unstack(jnp.stack([x, y]), 1)  # another axis: sliced as written
+        return first - second, across[2]
+
+    x, y = np.arange(12, dtype=np.uint64).reshape(4, 3), np.full((4, 3), 5, np.uint64)
+    exported, _ = _emitted(fn, x, y)
+    text = exported.mlir_module()
+    assert text.count("stablehlo.slice") == 1 and text.count("stablehlo.concatenate") == 1
+    got = _same_as_export(fn, x, y)
+    np.testing.assert_array_equal(got[0], (x + 1) - (y * 2))
+    np.testing.assert_array_equal(got[1], np.stack([x, y])[:, 2, :])
+
+
 def test_a_party_loads_what_this_process_wrote_or_read_without_deserializing_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -130,6 +130,8 @@ class Builder:
         self.reshaped: dict[str, Value] = {}
         """Each reshape's operand, by the reshape's name."""
         self.constant_names: set[str] = set()
+        self.stacked: dict[str, tuple[int, tuple[Value, ...]]] = {}
+        """Each stack's parts and axis, by the stack's name: unstacked, they are the parts."""
 
     # -- values
 
@@ -508,11 +510,16 @@ def _stack(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]
     expanded = [
         b.op("broadcast_in_dim", [x], shape, x.dtype, f"broadcast_dimensions = {dims}") for x in ins
     ]
-    return [b.concatenate(expanded, axis)]
+    stacked = b.concatenate(expanded, axis)
+    b.stacked[stacked.name] = (axis, tuple(ins))
+    return [stacked]
 
 
 def _unstack(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     (x,), axis = ins, eqn.params["axis"]
+    found = b.stacked.get(x.name)
+    if found is not None and found[0] == axis:  # a stack written here: its very parts
+        return list(found[1])
     shape = [d for i, d in enumerate(x.shape) if i != axis]
     outs = []
     for i in range(x.shape[axis]):
