@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import mpplug as mp
+from mpplug.core import progress
 from mpplug.kernels import KernelRuntime, invoke, jax_exec
-from mpplug.kernels import prepare as prepare_module
 from mpplug.kernels.compile_cache import SUFFIX, DiskCache, cache_key, disk_cache
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
 from mpplug.mpc import emit, ring, trace_cache
@@ -377,7 +377,7 @@ def test_a_long_compile_logs_its_progress(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
     monkeypatch.setenv("MPPLUG_CACHE_DIR", "")
-    monkeypatch.setattr(prepare_module, "PROGRESS_EVERY_S", 0.05)
+    monkeypatch.setattr(progress, "EVERY_S", 0.05)
     real = jax_exec.prepare_jax_exec
 
     def slow(pfunc: mp.PFunction, runtime: KernelRuntime) -> None:

@@ -18,15 +18,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, wait
 
-from mpplug.core import PFunction
+from mpplug.core import PFunction, progress
 from mpplug.kernels.pools import SharedPool
 from mpplug.kernels.registry import REGISTRY
 from mpplug.kernels.runtime import KernelRuntime
 
 log = logging.getLogger("mpplug")
-
-PROGRESS_EVERY_S = 1.0
-"""At most one progress line a second per program, and none for what takes less."""
 
 ENV_TIER_UP = "MPPLUG_TIER_UP"
 ENV_TIER_UP_AFTER = "MPPLUG_TIER_UP_AFTER_S"
@@ -43,8 +40,6 @@ _exiting = threading.Event()
 # Set as the interpreter starts to exit, before concurrent.futures joins its pools' threads
 # (hooks run last registered first; its own was registered when `pools` imported it).
 threading._register_atexit(_exiting.set)  # type: ignore[attr-defined]
-_last_line: dict[str, float] = {}
-_progress_lock = threading.Lock()
 
 
 class Preparation:
@@ -97,22 +92,12 @@ class Preparation:
         pending = {f for f in self.futures if not f.done()}
         total = len(self.futures)
         while pending:
-            _, pending = wait(pending, timeout=PROGRESS_EVERY_S)
+            _, pending = wait(pending, timeout=progress.EVERY_S)
             if pending:
-                _progress(label, f"compiled {total - len(pending)} of {total} functions", start)
-        if time.monotonic() - start >= PROGRESS_EVERY_S:
-            _progress(label, f"compiled {total} functions", start, final=True)
-
-
-def _progress(label: str, what: str, start: float, final: bool = False) -> None:
-    now = time.monotonic()
-    with _progress_lock:
-        if not final and now - _last_line.get(label, 0.0) < PROGRESS_EVERY_S:
-            return
-        _last_line[label] = now
-        if final:
-            _last_line.pop(label, None)
-    log.info("%s: %s (%.1f s)", label, what, now - start)
+                what = f"compiled {total - len(pending)} of {total} functions"
+                progress.report(label, what, start)
+        if time.monotonic() - start >= progress.EVERY_S:
+            progress.report(label, f"compiled {total} functions", start, final=True)
 
 
 def tier_up_waits() -> bool:

@@ -369,7 +369,7 @@ def _record(
                 values.append(Secret(next(secrets), s.shape, s.dtype, s.boolean, s.wide))
             else:
                 values.append(next(publics))
-        outs = interpreter.eval(closed.jaxpr, closed.consts, values)
+        outs = interpreter.eval(closed.jaxpr, closed.consts, values, label=where)
         shares = []
         for out in outs:
             if isinstance(out, Secret):
@@ -387,7 +387,7 @@ def _record(
     with jax.enable_x64(True), phase("mpc share program") as details:
         program = jax.make_jaxpr(share_program)(*avals)
         details["equations"] = len(program.jaxpr.eqns)
-    recording = record_rounds(program, avals, platforms)
+    recording = record_rounds(program, avals, platforms, label=where)
     recording.metas = [
         (tuple(shape), np.dtype(dtype), boolean, wide) for shape, dtype, boolean, wide in metas
     ]

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal
 
+from mpplug.core import progress
 from mpplug.errors import TraceError
 from mpplug.mpc import emit, ring
 from mpplug.mpc.fixed import Fxp
@@ -197,7 +198,15 @@ class Interpreter:
 
     # -- evaluation -------------------------------------------------------------------------
 
-    def eval(self, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Value]) -> list[Value]:
+    def eval(
+        self,
+        jaxpr: Jaxpr,
+        consts: Sequence[Any],
+        args: Sequence[Value],
+        label: str | None = None,
+    ) -> list[Value]:
+        """`jaxpr` on `args`, each equation by its rule; with a `label`, its progress is
+        logged under it (see `progress.Steps`)."""
         env: dict[Any, Value] = {}
 
         def read(v: Any) -> Value:
@@ -207,13 +216,19 @@ class Interpreter:
             env[v] = value
         for v, value in zip(jaxpr.invars, args, strict=True):
             env[v] = value
-        for eqn in _live(jaxpr):
+        live = _live(jaxpr)
+        steps = progress.Steps(label, "interpreted", len(live), "equations") if label else None
+        for done, eqn in enumerate(live, 1):
             values = [read(v) for v in eqn.invars]
             outs = self.apply(eqn, values)
             if not eqn.primitive.multiple_results:
                 outs = [outs]
             for v, out in zip(eqn.outvars, outs, strict=True):
                 env[v] = out
+            if steps is not None:
+                steps.step(done)
+        if steps is not None:
+            steps.end()
         return [read(v) for v in jaxpr.outvars]
 
     def eval_as(self, fn: Callable[..., Any], values: Sequence[Value]) -> list[Value]:

@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var
 
-from mpplug.core import PFunction, TensorType
+from mpplug.core import PFunction, TensorType, progress
 from mpplug.frontend.jax_export import jax_export
 from mpplug.kernels.builtin import constant_pfunction
 from mpplug.kernels.keystream import BLOCK_WORDS_64, keystream_pfunction, stream_offsets
@@ -262,14 +262,16 @@ def record_rounds(
     input_types: Sequence[jax.ShapeDtypeStruct],
     platforms: Sequence[str] | None,
     iteration: tuple[int, int] | None = None,
+    label: str | None = None,
 ) -> Recording:
     """Split the share program `closed` (run by every computing party) into rounds: round
     r's local work is one PFunction, the same bytes at every party, each message of round r
     one SHUFFLE and each loop one LOOP. Returns them as a `Recording` (inputs: `closed`'s
     arguments). A loop's body gives `iteration` = (its iteration input, the streams one
-    iteration draws): its PRF streams move on by that many each iteration."""
+    iteration draws): its PRF streams move on by that many each iteration. With a `label`,
+    how many rounds are written so far is logged under it (see `progress.Steps`)."""
     with phase("mpc rounds") as details:
-        recording = _recorded(closed, input_types, platforms, iteration)
+        recording = _recorded(closed, input_types, platforms, iteration, label)
         details["functions"] = len(recording.functions)
     return recording
 
@@ -279,6 +281,7 @@ def _recorded(
     input_types: Sequence[jax.ShapeDtypeStruct],
     platforms: Sequence[str] | None,
     iteration: tuple[int, int] | None,
+    label: str | None,
 ) -> Recording:
     closed = spliced.inline(closed)
     jaxpr = closed.jaxpr
@@ -312,7 +315,10 @@ def _recorded(
     final = plan.rounds
     derived = _stream_derived(plan.eqns, randomness)
     remade = {*randomness.index, *derived} if randomness is not None else set()
+    steps = progress.Steps(label, "wrote", final + 1, "rounds") if label else None
     for level in range(final + 1):
+        if steps is not None and level:
+            steps.step(level)
         if randomness is not None and level == randomness.level:
             held[BUFFER] = randomness.record_draw(recording, types, held, consts, platforms)
         eqns = [e for e in local.get(level, []) if e.primitive is not prf_p]
@@ -405,6 +411,8 @@ def _recorded(
             )
             types += [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in eqn.params["out"]]
             held.update(zip(eqn.outvars, results, strict=True))
+    if steps is not None:
+        steps.end()
     for v in jaxpr.outvars:
         if not _is_var(v) or v not in held:
             raise AssertionError(f"share program output {v} was not computed")
