@@ -27,10 +27,10 @@ def _share_programs(monkeypatch: pytest.MonkeyPatch) -> list[collections.Counter
     seen: list[collections.Counter[str]] = []
     record = api.record_rounds
 
-    def counting(program: Any, avals: Any, platforms: Any) -> Any:
+    def counting(program: Any, avals: Any, platforms: Any, **kwargs: Any) -> Any:
         inlined = spliced.inline(program)
         seen.append(collections.Counter(e.primitive.name for e in inlined.jaxpr.eqns))
-        return record(program, avals, platforms)
+        return record(program, avals, platforms, **kwargs)
 
     monkeypatch.setattr(api, "record_rounds", counting)
     return seen
