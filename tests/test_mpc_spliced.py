@@ -60,6 +60,23 @@ def test_a_program_of_spliced_steps_is_the_program_traced_in_place(
     assert spliced_digest == again == in_place
 
 
+def test_a_step_called_inside_another_is_traced_into_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A comparison's msb calls ANDs and share lifts: they are traced into the msb, which
+    holds no splice, and the program keeps the bytes of tracing every step in place."""
+    steps: LRUCache[Any, Any] = LRUCache()
+    monkeypatch.setattr(spliced, "_steps", steps)
+    digest = _traced(tmp_path, "nested", monkeypatch)
+    names = {key[1] for key in steps._data}
+    assert {"msb", "mul", "b2a"} <= names, names
+    for key, step in steps._data.items():
+        inner = [e for e in step.closed.jaxpr.eqns if e.primitive is spliced.splice_p]
+        assert not inner, f"{key[1]} splices {[e.params['step'] for e in inner]}"
+    monkeypatch.setattr(spliced, "_signature", lambda *args: None)  # each step in place
+    assert _traced(tmp_path, "in_place", monkeypatch) == digest
+
+
 def test_a_step_is_traced_once_per_signature_and_draws_its_own_streams(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

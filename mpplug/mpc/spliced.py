@@ -5,12 +5,16 @@ A method marked `traced_once` is traced the first time it meets its arguments' t
 parameters, its PRF streams counted from 0; each call then binds one `splice` equation, which
 `inline` (run by `rounds` before it schedules a program) replaces by the step's equations, their
 streams moved to those the call reserved. The inlined program is equation for equation the one
-that tracing each step in place makes: the same bytes, for a fraction of the trace.
+that tracing each step in place makes: the same bytes, for a fraction of the trace. A step
+called while another is being traced is traced in place, into it: it is traced once with its
+caller anyway, and a trace of its own (a few milliseconds) would serve only that caller (a
+comparison's `msb` makes seven ANDs of as many widths, at its own shape).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -66,18 +70,26 @@ _steps: LRUCache[tuple[Any, ...], Step] = LRUCache(
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _Tracing(threading.local):
+    depth = 0
+    """Steps being traced on this thread, one inside another."""
+
+
+_tracing = _Tracing()
+
+
 def traced_once(method: F) -> F:
     """Mark `method(self, ctx, *args, **kwargs)` of a protocol as a step traced once per
     signature: its array arguments (tracers) are inputs, everything else (ints, dtypes, None)
-    is static and names the signature. A call with a concrete array, or an unhashable static
-    argument, is traced in place."""
+    is static and names the signature. A call with a concrete array, an unhashable static
+    argument, or made while another step is being traced, is traced in place."""
 
     @functools.wraps(method)
     def call(self: Any, ctx: Context, *args: Any, **kwargs: Any) -> Any:
         leaves, tree = jax.tree.flatten((args, kwargs))
         dynamic = [i for i, v in enumerate(leaves) if isinstance(v, Tracer)]
         key = _signature(self, method, ctx, leaves, tree, dynamic)
-        if key is None:
+        if key is None or _tracing.depth:
             return method(self, ctx, *args, **kwargs)
         avals = key[-1]
 
@@ -100,7 +112,11 @@ def traced_once(method: F) -> F:
                 return outs
 
             specs = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in avals]
-            closed = jax.make_jaxpr(traced)(*specs)
+            _tracing.depth += 1
+            try:
+                closed = jax.make_jaxpr(traced)(*specs)
+            finally:
+                _tracing.depth -= 1
             return Step(closed, count[0], found[-1])
 
         step = _steps.get_or_create(key, trace)
