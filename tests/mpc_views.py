@@ -87,11 +87,24 @@ def _producer(program: Program, op_id: int, src: int) -> str:
 
 
 def _consumers(program: Program, op_id: int) -> set[str]:
-    return {
-        _function_name(program, op.id)
-        for op in program.graph.ops
-        if op.kind is OpKind.CALL and any(ref.op == op_id for ref in op.inputs)
-    }
+    return _consumers_by_op(program).get(op_id, set())
+
+
+_LAST_CONSUMERS: list[Any] = [None, {}]
+"""The program `_consumers_by_op` last looked at, and what it found there."""
+
+
+def _consumers_by_op(program: Program) -> dict[int, set[str]]:
+    """The functions called on each op's outputs, by op, found once per program in a row
+    (a privacy test classifies tens of thousands of one program's messages)."""
+    if _LAST_CONSUMERS[0] is not program:
+        found: dict[int, set[str]] = {}
+        for op in program.graph.ops:
+            if op.kind is OpKind.CALL:
+                for ref in op.inputs:
+                    found.setdefault(ref.op, set()).add(_function_name(program, op.id))
+        _LAST_CONSUMERS[:] = [program, found]
+    return _LAST_CONSUMERS[1]
 
 
 def classify(program: Program, message: Received) -> str:

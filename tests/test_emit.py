@@ -359,6 +359,31 @@ def test_a_stack_unstacked_in_the_same_function_is_its_parts() -> None:
     np.testing.assert_array_equal(got[1], np.stack([x, y])[:, 2, :])
 
 
+def test_slices_within_a_concatenate_of_slices_and_of_added_axes_read_their_source() -> None:
+    """A slice within one operand of a concatenate is a slice of that operand, a slice of a
+    slice one slice, a broadcast that only adds axes of one element a reshape (a reshape
+    of it one reshape of its source), and an empty operand of a concatenate is dropped:
+    the concatenate, the broadcast and every reshape here are left out."""
+
+    def fn(x: Any, y: Any) -> Any:
+        joined = lax.concatenate([x, y, lax.slice(x, (0, 0), (0, 3))], 0)
+        part = lax.slice(joined, (4, 0), (6, 3))  # rows 0-1 of y
+        inner = lax.slice(lax.slice(joined, (1, 0), (7, 3)), (2, 1), (4, 3), (2, 1))  # x[3, 1:]
+        wide = lax.broadcast_in_dim(part, (1, 2, 1, 3), (1, 3))
+        return wide.reshape(2, 3) + 1, inner
+
+    x, y = np.arange(12, dtype=np.int32).reshape(4, 3), np.arange(100, 118, dtype=np.int32)
+    y = y.reshape(6, 3)
+    exported, _ = _emitted(fn, x, y)
+    text = exported.mlir_module()
+    assert text.count("stablehlo.slice") == 2, text
+    for kind in ("concatenate", "broadcast_in_dim", "reshape"):
+        assert f"stablehlo.{kind}" not in text, text
+    got = _same_as_export(fn, x, y)
+    np.testing.assert_array_equal(got[0], y[:2] + 1)
+    np.testing.assert_array_equal(got[1], x[3:4, 1:])
+
+
 def test_a_party_loads_what_this_process_wrote_or_read_without_deserializing_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

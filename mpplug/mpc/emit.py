@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import logging
 import math
 import threading
@@ -130,8 +131,12 @@ class Builder:
         self.reshaped: dict[str, Value] = {}
         """Each reshape's operand, by the reshape's name."""
         self.constant_names: set[str] = set()
-        self.stacked: dict[str, tuple[int, tuple[Value, ...]]] = {}
-        """Each stack's parts and axis, by the stack's name: unstacked, they are the parts."""
+        self.joined: dict[str, tuple[int, tuple[Value, ...]]] = {}
+        """Each concatenate's axis and operands, by its name: a slice within one operand is
+        a slice of that operand."""
+        self.sliced: dict[str, tuple[Value, tuple[int, ...], tuple[int, ...]]] = {}
+        """Each slice's operand, starts and strides, by its name: a slice of a slice is one
+        slice of the first one's operand."""
 
     # -- values
 
@@ -230,13 +235,37 @@ class Builder:
         strides: Sequence[int] | None = None,
     ) -> Value:
         x = self.value(x)
-        steps = tuple(strides) if strides is not None else (1,) * len(start)
-        shape = [-(-(hi - lo) // s) for lo, hi, s in zip(start, limit, steps, strict=True)]
+        start, limit = tuple(map(int, start)), tuple(map(int, limit))
+        steps = tuple(map(int, strides)) if strides is not None else (1,) * len(start)
+        shape = tuple(-(-(hi - lo) // s) for lo, hi, s in zip(start, limit, steps, strict=True))
+        if shape == x.shape:  # every element, in order
+            return x
+        inner = self.sliced.get(x.name) if 0 not in shape else None
+        if inner is not None:  # a slice of a slice: one slice of the first one's operand
+            source, first, by = inner
+            start = tuple(f + s * b for f, s, b in zip(first, start, by, strict=True))
+            steps = tuple(s * b for s, b in zip(steps, by, strict=True))
+            limit = tuple(s + (n - 1) * t + 1 for s, n, t in zip(start, shape, steps, strict=True))
+            return self.slice(source, start, limit, steps)
+        joined = self.joined.get(x.name) if 0 not in shape else None
+        if joined is not None:  # within one operand of a concatenate: a slice of that operand
+            axis, operands = joined
+            offset = 0
+            for operand in operands:
+                end = offset + operand.shape[axis]
+                last = start[axis] + (shape[axis] - 1) * steps[axis]
+                if offset <= start[axis] and last < end:
+                    begin, stop = list(start), list(limit)
+                    begin[axis], stop[axis] = start[axis] - offset, last - offset + 1
+                    return self.slice(operand, begin, stop, steps)
+                offset = end
         props = (
             f"start_indices = {_i64s(start)}, limit_indices = {_i64s(limit)}, "
             f"strides = {_i64s(steps)}"
         )
-        return self.op("slice", [x], shape, x.dtype, props)
+        out = self.op("slice", [x], shape, x.dtype, props)
+        self.sliced[out.name] = (x, start, steps)
+        return out
 
     def slice_in_dim(self, x: Any, start: int, limit: int) -> Value:
         x = self.value(x)
@@ -246,13 +275,29 @@ class Builder:
 
     def concatenate(self, xs: Sequence[Any], dimension: int) -> Value:
         values = [self.value(x) for x in xs]
-        if len(values) == 1:
-            return values[0]
         shape = list(values[0].shape)
         shape[dimension] = sum(v.shape[dimension] for v in values)
-        return self.op(
+        values = [v for v in values if v.shape[dimension]] or values[:1]  # empty ones add none
+        if len(values) == 1:
+            return values[0]
+        out = self.op(
             "concatenate", values, shape, values[0].dtype, f"dimension = {dimension} : i64"
         )
+        self.joined[out.name] = (dimension, tuple(values))
+        return out
+
+    def broadcast_in_dim(
+        self, x: Value, shape: tuple[int, ...], dimensions: Sequence[int]
+    ) -> Value:
+        """`x` broadcast to `shape`, its axes at `dimensions`: a reshape where that only
+        adds axes of one element (then a reshape of it is one reshape of `x`)."""
+        dims = tuple(map(int, dimensions))
+        if math.prod(shape) == math.prod(x.shape) and all(
+            a < b for a, b in itertools.pairwise(dims)
+        ):
+            return self.reshape(x, shape)
+        props = f"broadcast_dimensions = {_i64s(dims)}"
+        return self.op("broadcast_in_dim", [x], shape, x.dtype, props)
 
     def bitcast_convert_type(self, x: Any, dtype: Any) -> Value:
         """`x`'s bits as `dtype`, with `lax.bitcast_convert_type`'s shapes."""
@@ -355,10 +400,7 @@ class Builder:
         scalar = self.scalars.get(x.name)
         if scalar is not None:
             return self.splat(scalar, shape)
-        dims = list(range(len(shape) - len(x.shape), len(shape)))
-        return self.op(
-            "broadcast_in_dim", [x], shape, x.dtype, f"broadcast_dimensions = {_i64s(dims)}"
-        )
+        return self.broadcast_in_dim(x, shape, range(len(shape) - len(x.shape), len(shape)))
 
     def _elementwise(self, kind: str, operands: Sequence[Any], dtype: Any = None) -> Value:
         values = [self.value(v) for v in operands]
@@ -473,12 +515,11 @@ def _reshape(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Valu
 
 def _broadcast_in_dim(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     _no(eqn, "sharding")
-    shape, dtype = _aval(eqn)
+    shape, _ = _aval(eqn)
     scalar = b.scalars.get(ins[0].name)
     if scalar is not None:
         return [b.splat(scalar, shape)]
-    dims = _i64s(eqn.params["broadcast_dimensions"])
-    return [b.op("broadcast_in_dim", ins, shape, dtype, f"broadcast_dimensions = {dims}")]
+    return [b.broadcast_in_dim(ins[0], shape, eqn.params["broadcast_dimensions"])]
 
 
 def _slice(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
@@ -497,29 +538,21 @@ def _dynamic_update_slice(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any)
 
 
 def _concatenate(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
-    shape, dtype = _aval(eqn)
-    dim = eqn.params["dimension"]
-    return [b.op("concatenate", ins, shape, dtype, f"dimension = {dim} : i64")]
+    return [b.concatenate(ins, eqn.params["dimension"])]
 
 
 def _stack(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    """Each part given an axis of one element, then concatenated: an unstack of it in the
+    same function is its very parts (see `Builder.slice` and `Builder.reshape`)."""
     axis = eqn.params["axis"]
     shape = list(ins[0].shape)
     shape.insert(axis, 1)
-    dims = _i64s([i for i in range(len(shape)) if i != axis])
-    expanded = [
-        b.op("broadcast_in_dim", [x], shape, x.dtype, f"broadcast_dimensions = {dims}") for x in ins
-    ]
-    stacked = b.concatenate(expanded, axis)
-    b.stacked[stacked.name] = (axis, tuple(ins))
-    return [stacked]
+    dims = [i for i in range(len(shape)) if i != axis]
+    return [b.concatenate([b.broadcast_in_dim(x, tuple(shape), dims) for x in ins], axis)]
 
 
 def _unstack(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     (x,), axis = ins, eqn.params["axis"]
-    found = b.stacked.get(x.name)
-    if found is not None and found[0] == axis:  # a stack written here: its very parts
-        return list(found[1])
     shape = [d for i, d in enumerate(x.shape) if i != axis]
     outs = []
     for i in range(x.shape[axis]):
