@@ -384,6 +384,26 @@ def test_slices_within_a_concatenate_of_slices_and_of_added_axes_read_their_sour
     np.testing.assert_array_equal(got[1], x[3:4, 1:])
 
 
+def test_narrower_bits_of_a_reshape_are_one_reshape_of_its_sources_bits() -> None:
+    """As a round reads a PRF stream as narrower words: a row, flattened, its bits, the
+    view's shape. The bits are taken of the row itself, and the two reshapes are one."""
+
+    def fn(x: Any) -> Any:
+        row = lax.slice(x, (1, 0), (2, 6))
+        words = lax.bitcast_convert_type(lax.reshape(row, (6,)), np.uint32)
+        same = lax.bitcast_convert_type(lax.reshape(row, (3, 2)), np.int64)  # as wide
+        return lax.reshape(words, (3, 4)), same
+
+    x = (np.arange(12, dtype=np.uint64) * np.uint64(0x100000001)).reshape(2, 6)
+    exported, _ = _emitted(fn, x)
+    text = exported.mlir_module()
+    assert text.count("stablehlo.reshape") == 2 and text.count("stablehlo.bitcast_convert") == 2
+    assert "(tensor<6xui64>) -> tensor<6x2xui32>" not in text, text  # not of the flattened row
+    got = _same_as_export(fn, x)
+    np.testing.assert_array_equal(got[0], x[1].view(np.uint32).reshape(3, 4))
+    np.testing.assert_array_equal(got[1], x[1].view(np.int64).reshape(3, 2))
+
+
 def test_a_party_loads_what_this_process_wrote_or_read_without_deserializing_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -300,13 +300,19 @@ class Builder:
         return self.op("broadcast_in_dim", [x], shape, x.dtype, props)
 
     def bitcast_convert_type(self, x: Any, dtype: Any) -> Value:
-        """`x`'s bits as `dtype`, with `lax.bitcast_convert_type`'s shapes."""
+        """`x`'s bits as `dtype`, with `lax.bitcast_convert_type`'s shapes. Of a reshape, to
+        words as wide or narrower: a reshape of its source's bits (each word's parts stay
+        together in order), which a reshape after it folds into (a PRF stream read as
+        narrower words: a row, its bits, the view's shape)."""
         x, dtype = self.value(x), np.dtype(dtype)
         shape = list(x.shape)
         if dtype.itemsize < x.dtype.itemsize:
             shape.append(x.dtype.itemsize // dtype.itemsize)
         elif dtype.itemsize > x.dtype.itemsize:
             shape.pop()
+        source = self.reshaped.get(x.name)
+        if source is not None and dtype.itemsize <= x.dtype.itemsize:
+            return self.reshape(self.bitcast_convert_type(source, dtype), shape)
         return self.op("bitcast_convert", [x], shape, dtype)
 
     def convert_element_type(self, x: Any, dtype: Any) -> Value:
@@ -789,7 +795,9 @@ _RULES: dict[str, Rule] = {
     "select_n": _select_n,
     "sign": _sign,
     "convert_element_type": _convert,
-    "bitcast_convert_type": lambda b, e, ins, env: [b.op("bitcast_convert", ins, *_aval(e))],
+    "bitcast_convert_type": lambda b, e, ins, env: [
+        b.bitcast_convert_type(ins[0], e.params["new_dtype"])
+    ],
     "reshape": _reshape,
     "squeeze": lambda b, e, ins, env: [b.reshape(ins[0], _aval(e)[0])],
     "broadcast_in_dim": _broadcast_in_dim,
