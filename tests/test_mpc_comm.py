@@ -129,14 +129,15 @@ def test_dot_sends_one_ring_element_per_output_whatever_the_inner_dimension():
     }
 
 
-def test_a_32_bit_comparison_is_one_sign_8_rounds_and_33_bytes():
+def test_a_32_bit_comparison_is_one_sign_8_rounds_and_254_bits():
     rounds, received, messages = measure(lambda a, b: a < b, *(v.astype(np.int32) for v in INTS))
     assert rounds == 8
     assert messages == {0: rounds, 1: rounds, 2: rounds}  # one AND reshare per round
-    # the AND reshares narrow with the Kogge-Stone levels: at most 264 bits an element per
-    # party, the protocol's documented cost (aby3.py)
-    for party in range(3):
-        assert 0 < received[party] <= 33 * N, (party, received[party])
+    # the AND reshares narrow with the Kogge-Stone levels: 64, 64, 64, 32, 16 and 8 bits an
+    # element, then 4 and 2 bits packed two and four to a byte (the last byte padded): 254
+    # bits an element per party, the protocol's documented cost (aby3.py)
+    packed = -(-N // 2) + -(-N // 4)
+    assert received == dict.fromkeys(range(3), (8 + 8 + 8 + 4 + 2 + 1) * N + packed)
 
 
 def test_a_32_bit_sum_is_wrapped_once_before_a_comparison_and_a_64_bit_one_never():

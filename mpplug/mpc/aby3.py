@@ -7,10 +7,12 @@ a key and every zero-sharing is free. Costs, per output element (k = 64 ring bit
 for truncations by at most 32 bits, else 64), as rounds and bits sent by roles (0, 1, 2):
   add, sub, public ops, reshape and friends   local
   mul, dot_general, AND                       1 round, (k, k, k)
+  AND of values of b <= 4 bits                1 round, b rounded up to 1, 2 or 4 bits,
+                                              packed 8, 4 or 2 to a byte
   trunc, precise (default)                    2 rounds, (w + k, w + k, w)
   mul or dot_general then precise trunc       3 rounds, (w + k, w + k, k + w): fused
   trunc, probabilistic (ABY3 truncation I)    1 round, (0, k, 0)
-  msb (sign; carry-save + Kogge-Stone)        8 rounds, about 264 bits
+  msb (sign; carry-save + Kogge-Stone)        8 rounds, 254 bits
   shuffle (a secret permutation)              2 rounds, (k, k, 2k)
   open a bit to every role                    1 round, 1 bit from each role
   b2a of one bit (two XORs as products)       2 rounds, 2k bits
@@ -85,6 +87,33 @@ def _narrow(words: jnp.ndarray, shape: Sequence[int], dtype: Any) -> jnp.ndarray
     if words.shape[0] != size:
         words = lax.slice(words, (0,), (size,))
     return lax.reshape(words, tuple(shape))
+
+
+def _flat_padded(a: Shares, size: int) -> Shares:
+    """A party's two shares of `a`, flat, with zeros after them up to `size` elements."""
+    flat = lax.reshape(a, (2, math.prod(a.shape[1:])))
+    zero = np.zeros((), a.dtype)
+    return lax.pad(flat, zero, [(0, 0, 0), (0, size - flat.shape[1], 0)])
+
+
+def _packed(lanes_of: jnp.ndarray, lanes: int) -> jnp.ndarray:
+    """uint8 values of `lanes` bits (a flat vector, its size a multiple of 8 // lanes), 8 //
+    lanes to a byte, the first in the low bits."""
+    per = 8 // lanes
+    rows = lax.reshape(lanes_of, (lanes_of.shape[0] // per, per))
+    shifts = np.arange(0, 8, lanes, dtype=np.uint8)
+    spread = lax.shift_left(rows, lax.broadcast_in_dim(shifts, rows.shape, (1,)))
+    return lax.reduce_or(spread, (1,))
+
+
+def _unpacked(packed: jnp.ndarray, lanes: int) -> jnp.ndarray:
+    """The values `_packed` packed."""
+    per = 8 // lanes
+    shape = (packed.shape[0], per)
+    shifts = lax.broadcast_in_dim(np.arange(0, 8, lanes, dtype=np.uint8), shape, (1,))
+    values = lax.shift_right_logical(lax.broadcast_in_dim(packed, shape, (0,)), shifts)
+    mask = np.full(shape, (1 << lanes) - 1, np.uint8)
+    return lax.reshape(lax.bitwise_and(values, mask), (packed.shape[0] * per,))
 
 
 def _halves(a: Shares) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -410,13 +439,26 @@ class ABY3(Protocol):
 
     @traced_once
     def and_(self, ctx: Context, a: Shares, b: Shares, bits: int = 64) -> Shares:
-        dtype = _DTYPE_OF_BITS[max(8, 1 << max(0, bits - 1).bit_length())]
-        a0, a1 = _halves(lax.convert_element_type(a, dtype))
-        b0, b1 = _halves(lax.convert_element_type(b, dtype))
+        lanes = 1 << max(0, bits - 1).bit_length()  # bits, rounded up to a power of two
+        dtype = _DTYPE_OF_BITS[max(8, lanes)]
+        a, b = (lax.convert_element_type(s, dtype) for s in (a, b))
+        shape, size = a.shape[1:], math.prod(a.shape[1:])
+        if lanes < 8:  # sent packed, 8 // lanes values to a byte: flat, padded to whole bytes
+            padded = -(-size // (8 // lanes)) * (8 // lanes)
+            a, b = (_flat_padded(s, padded) for s in (a, b))
+        a0, a1 = _halves(a)
+        b0, b1 = _halves(b)
         # (a_i & b_i) ^ (a_i & b_i+1) ^ (a_i+1 & b_i)
         z = lax.bitwise_xor(lax.bitwise_and(lax.bitwise_xor(a0, a1), b0), lax.bitwise_and(a0, b1))
         z = lax.bitwise_xor(z, self._zero_bits(ctx, z.shape, dtype))
-        return lax.convert_element_type(self._reshare(ctx, z, "and.reshare"), ring.RING)
+        if lanes >= 8:
+            return lax.convert_element_type(self._reshare(ctx, z, "and.reshare"), ring.RING)
+        # each share's bits above `lanes` dropped: the value fits in `bits`, so the shares'
+        # XOR keeps it, and each lane of the message is masked by the zero sharing's
+        z = lax.bitwise_and(z, np.uint8((1 << lanes) - 1))
+        got = exchange(_packed(z, lanes), _FROM_NEXT, "and.reshare")
+        both = lax.slice_in_dim(_pair(z, _unpacked(got, lanes)), 0, size, axis=1)
+        return lax.convert_element_type(lax.reshape(both, (2, *shape)), ring.RING)
 
     @traced_once
     def msb(self, ctx: Context, a: Shares, width: int = 64, carry: Shares | None = None) -> Shares:

@@ -17,14 +17,15 @@ that moves the shares locally. A level is one iteration of a share program `whil
 runs until every segment holds one element: about 4.3 ln n levels (a random binary search
 tree's height: 45 for n = 1e5), never more than n.
 
-Cost per element and level: the 64-bit sign (33 bytes a party), the labels' sign beside it
-(17 bytes a party for labels past 2^15, 9 below), the carry joined (2 bytes) and the opened
-bit: 10 rounds deep (the sign's 8, the join, the opening). The shuffle: 2 rounds and 10.7
-bytes a party per element and operand (key, label and each payload). The parties learn the
-number of levels and the opened bits: a function of the random order alone (simulated by
-sorting a random permutation). Threat model: ABY3's (`mpplug.mpc.aby3`), semi-honest with
-one corrupted party; the shuffle's permutation is unknown to any one party, each missing one
-of its three factors, and two colluding parties learn it, as they learn every share.
+Cost per element and level: the 64-bit sign (31.75 bytes a party), the labels' sign beside it
+(15.75 bytes a party for labels past 2^15, 7.75 below), the carry joined (a quarter byte: two
+one-bit ANDs, eight to a byte) and the opened bit: 10 rounds deep (the sign's 8, the join,
+the opening). The shuffle: 2 rounds and 10.7 bytes a party per element and operand (key,
+label and each payload). The parties learn the number of levels and the opened bits: a
+function of the random order alone (simulated by sorting a random permutation). Threat
+model: ABY3's (`mpplug.mpc.aby3`), semi-honest with one corrupted party; the shuffle's
+permutation is unknown to any one party, each missing one of its three factors, and two
+colluding parties learn it, as they learn every share.
 """
 
 from __future__ import annotations
