@@ -92,6 +92,8 @@ def _narrow(words: jnp.ndarray, shape: Sequence[int], dtype: Any) -> jnp.ndarray
 def _flat_padded(a: Shares, size: int) -> Shares:
     """A party's two shares of `a`, flat, with zeros after them up to `size` elements."""
     flat = lax.reshape(a, (2, math.prod(a.shape[1:])))
+    if flat.shape[1] == size:
+        return flat
     zero = np.zeros((), a.dtype)
     return lax.pad(flat, zero, [(0, 0, 0), (0, size - flat.shape[1], 0)])
 
