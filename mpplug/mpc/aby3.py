@@ -114,8 +114,8 @@ def _unpacked(packed: jnp.ndarray, lanes: int) -> jnp.ndarray:
     shape = (packed.shape[0], per)
     shifts = lax.broadcast_in_dim(np.arange(0, 8, lanes, dtype=np.uint8), shape, (1,))
     values = lax.shift_right_logical(lax.broadcast_in_dim(packed, shape, (0,)), shifts)
-    mask = np.full(shape, (1 << lanes) - 1, np.uint8)
-    return lax.reshape(lax.bitwise_and(values, mask), (packed.shape[0] * per,))
+    lanes_mask = np.uint8((1 << lanes) - 1)
+    return lax.reshape(lax.bitwise_and(values, lanes_mask), (packed.shape[0] * per,))
 
 
 def _halves(a: Shares) -> tuple[jnp.ndarray, jnp.ndarray]:

@@ -290,12 +290,16 @@ class Builder:
         self, x: Value, shape: tuple[int, ...], dimensions: Sequence[int]
     ) -> Value:
         """`x` broadcast to `shape`, its axes at `dimensions`: a reshape where that only
-        adds axes of one element (then a reshape of it is one reshape of `x`)."""
+        adds axes of one element (then a reshape of it is one reshape of `x`), a splat
+        constant where `x` is a one-element constant."""
         dims = tuple(map(int, dimensions))
         if math.prod(shape) == math.prod(x.shape) and all(
             a < b for a, b in itertools.pairwise(dims)
         ):
             return self.reshape(x, shape)
+        scalar = self.scalars.get(x.name)
+        if scalar is not None:
+            return self.splat(scalar, shape)
         props = f"broadcast_dimensions = {_i64s(dims)}"
         return self.op("broadcast_in_dim", [x], shape, x.dtype, props)
 
@@ -403,9 +407,6 @@ class Builder:
     def _broadcast(self, x: Value, shape: tuple[int, ...]) -> Value:
         if x.shape == shape:
             return x
-        scalar = self.scalars.get(x.name)
-        if scalar is not None:
-            return self.splat(scalar, shape)
         return self.broadcast_in_dim(x, shape, range(len(shape) - len(x.shape), len(shape)))
 
     def _elementwise(self, kind: str, operands: Sequence[Any], dtype: Any = None) -> Value:
@@ -521,11 +522,7 @@ def _reshape(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Valu
 
 def _broadcast_in_dim(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
     _no(eqn, "sharding")
-    shape, _ = _aval(eqn)
-    scalar = b.scalars.get(ins[0].name)
-    if scalar is not None:
-        return [b.splat(scalar, shape)]
-    return [b.broadcast_in_dim(ins[0], shape, eqn.params["broadcast_dimensions"])]
+    return [b.broadcast_in_dim(ins[0], _aval(eqn)[0], eqn.params["broadcast_dimensions"])]
 
 
 def _slice(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
