@@ -139,11 +139,11 @@ def test_what_a_long_sort_shows_depends_on_the_random_order_alone():
     secrets = {"A": np.arange(n, dtype=np.float32), "B": np.full(n, 3.5, np.float32)}
     firsts: dict[str, list[int]] = {}
     depths: dict[str, list[int]] = {}
-    data: dict[str, dict[int, bytes]] = {}
+    data: dict[str, dict[int, list[bytes]]] = {}
     with RecordingSimulator(3, timeout=180.0) as sim:
         for name, x in secrets.items():
             sealed = sim.evaluate(mp.function(lambda v: mp.mpc.seal(v)), sim.put(0, x))
-            firsts[name], depths[name], data[name] = [], [], {0: b"", 1: b"", 2: b""}
+            firsts[name], depths[name], data[name] = [], [], {0: [], 1: [], 2: []}
             seen_first = set()
             for _ in range(evaluations):
                 _, received = sim.evaluate_recorded(sort_shares, sealed)
@@ -152,7 +152,7 @@ def test_what_a_long_sort_shows_depends_on_the_random_order_alone():
                 depths[name].append(len(levels))
                 seen_first.add(levels[0].tobytes())
                 for m in received:
-                    data[name][m.dst] += m.value.tobytes()
+                    data[name][m.dst].append(m.value.tobytes())
             assert len(seen_first) > evaluations - 2  # a fresh order every evaluation
     uniform = stats.randint(0, n)
     for name in secrets:
@@ -163,9 +163,9 @@ def test_what_a_long_sort_shows_depends_on_the_random_order_alone():
     assert stats.mannwhitneyu(depths["A"], depths["B"]).pvalue > P_MIN
     for party in range(3):
         for name in secrets:
-            counts = np.bincount(np.frombuffer(data[name][party], np.uint8), minlength=256)
+            counts = np.bincount(np.frombuffer(b"".join(data[name][party]), np.uint8), minlength=256)
             assert stats.chisquare(counts).pvalue > P_MIN, (name, party)
         table = np.stack(
-            [np.bincount(np.frombuffer(data[s][party], np.uint8), minlength=256) for s in "AB"]
+            [np.bincount(np.frombuffer(b"".join(data[s][party]), np.uint8), minlength=256) for s in "AB"]
         )
         assert stats.chi2_contingency(table).pvalue > P_MIN, party
