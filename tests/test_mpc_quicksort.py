@@ -163,9 +163,14 @@ def test_what_a_long_sort_shows_depends_on_the_random_order_alone():
     assert stats.mannwhitneyu(depths["A"], depths["B"]).pvalue > P_MIN
     for party in range(3):
         for name in secrets:
-            counts = np.bincount(np.frombuffer(b"".join(data[name][party]), np.uint8), minlength=256)
+            counts = np.bincount(
+                np.frombuffer(b"".join(data[name][party]), np.uint8), minlength=256
+            )
             assert stats.chisquare(counts).pvalue > P_MIN, (name, party)
         table = np.stack(
-            [np.bincount(np.frombuffer(b"".join(data[s][party]), np.uint8), minlength=256) for s in "AB"]
+            [
+                np.bincount(np.frombuffer(b"".join(data[s][party]), np.uint8), minlength=256)
+                for s in "AB"
+            ]
         )
         assert stats.chi2_contingency(table).pvalue > P_MIN, party

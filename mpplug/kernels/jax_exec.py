@@ -35,7 +35,7 @@ from mpplug.core.custom_calls import (
     runs_on,
 )
 from mpplug.errors import InvalidPFunctionError
-from mpplug.kernels import interpreted
+from mpplug.kernels import artifact, interpreted
 from mpplug.kernels.collection import collection_paused
 from mpplug.kernels.compile_cache import cache_key, disk_cache
 from mpplug.kernels.devices import export_platform
@@ -131,6 +131,10 @@ def _precheck_flatbuffer(pfunc: PFunction, body: bytearray) -> None:
             f"{_where(pfunc)}: fn_body ({len(body)} bytes) is not a jax.export artifact "
             f"(vector lengths {too_long} exceed the buffer)"
         )
+    _check_serialization_version(pfunc, version)
+
+
+def _check_serialization_version(pfunc: PFunction, version: int) -> None:
     if _readable_version is not None and not 1 <= version <= _readable_version:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: serialization version {version}, but JAX {jax.__version__} "
@@ -138,13 +142,13 @@ def _precheck_flatbuffer(pfunc: PFunction, body: bytearray) -> None:
         )
 
 
-def _check_types(pfunc: PFunction, exported: jax_export.Exported) -> None:
+def _check_types(pfunc: PFunction, header: artifact.Header) -> None:
     for where, declared, avals in (
-        ("ins_info", pfunc.ins_info, exported.in_avals),
-        ("outs_info", pfunc.outs_info, exported.out_avals),
+        ("ins_info", pfunc.ins_info, header.in_avals),
+        ("outs_info", pfunc.outs_info, header.out_avals),
     ):
         try:
-            actual = tuple(TensorType(a.dtype, a.shape) for a in avals)
+            actual = tuple(TensorType(dtype, shape) for shape, dtype in avals)
         except Exception as exc:  # symbolic shapes, unsupported dtypes
             raise InvalidPFunctionError(f"{_where(pfunc)}: unsupported {where}: {exc}") from None
         if actual != declared:
@@ -184,32 +188,36 @@ def load(pfunc: PFunction, runtime: KernelRuntime, interpret: bool = False) -> C
             cached = _from_disk(pfunc, payload, target)
             if cached is not None:
                 return cached
-    exported = _exported(pfunc)
-    _check_version(pfunc, exported.calling_convention_version, "has")
+    header = _header(pfunc)
+    _check_version(pfunc, header.calling_convention_version, "has")
     platform = export_platform(target)
-    if platform not in exported.platforms:
+    if platform not in header.platforms:
         raise InvalidPFunctionError(
-            f"{_where(pfunc)}: exported for platforms {list(exported.platforms)}, but this "
+            f"{_where(pfunc)}: exported for platforms {list(header.platforms)}, but this "
             f"party runs on {platform!r}; export with platforms=(..., {platform!r})"
         )
-    _check_types(pfunc, exported)
+    _check_types(pfunc, header)
+    module = header.mlir_module_serialized
     try:
         if runtime.untrusted_artifacts:
-            exported, calls = _checked_module(pfunc, exported)
+            module, calls = _checked_module(pfunc, module)
             targets = tuple(c.target for c in calls)
             runtime.custom_calls.check(targets, platform, _where(pfunc))
             for custom in calls:
                 if runs_on([custom.target], platform):
                     check_buffers(custom, _where(pfunc), runtime.custom_calls.entries)
         else:
-            targets = module_targets(exported)
+            targets = module_targets(_exported(pfunc)) if b"custom_call" in module else ()
             runtime.custom_calls.check(targets, platform, _where(pfunc))
     except CustomCallRefused as exc:
         raise InvalidPFunctionError(str(exc)) from None
     if interpret:
-        found = _interpreted(pfunc, exported, runtime)
+        found = _interpreted(pfunc, header, module, runtime)
         if found is not None:
             return found
+    exported = _exported(pfunc)
+    if runtime.untrusted_artifacts:  # the module as the module check wrote it again
+        exported = dataclasses.replace(exported, mlir_module_serialized=module)
     compiled = _compile(pfunc, _jit(exported, device, len(pfunc.ins_info)), exported, x64)
     size = 1
     try:
@@ -293,24 +301,43 @@ def _exported(pfunc: PFunction) -> jax_export.Exported:
     return found
 
 
+def _header(pfunc: PFunction) -> artifact.Header:
+    """What `load` checks and interprets: read from the flatbuffer without JAX's deserializer
+    where it can be (see `artifact.read`); JAX deserializes it for the compile."""
+    found = _EXPORTED.get(pfunc.digest)
+    if found is not None:
+        return artifact.header_of(found)
+    body = bytearray(pfunc.fn_body)
+    try:
+        header = artifact.read(body)
+    except ValueError as exc:
+        raise InvalidPFunctionError(
+            f"{_where(pfunc)}: fn_body ({len(body)} bytes) is not a jax.export artifact ({exc})"
+        ) from None
+    if header is None:
+        return artifact.header_of(_exported(pfunc))
+    _check_serialization_version(pfunc, header.serialization_version)
+    return header
+
+
 def _interpreted(
-    pfunc: PFunction, exported: jax_export.Exported, runtime: KernelRuntime
+    pfunc: PFunction, header: artifact.Header, module: bytes, runtime: KernelRuntime
 ) -> CompiledExport | None:
     """The module as an interpreted plan, or None where a plan cannot run it (it is compiled).
 
     A call that meets a float sum a plan cannot make exact compiles the module then."""
-    if len(exported.platforms) > 1 or exported.ordered_effects:
+    if len(header.platforms) > 1 or header.ordered_effects:
         return None  # a platform index or effect tokens before the arguments: compiled
     plan = _WRITTEN_PLANS.get(pfunc.digest)
     if plan is not None:
         _WRITTEN_PLANS.discard(pfunc.digest)  # held from now on where the process's plans are
     else:
         try:
-            plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+            plan = interpreted.plan_serialized(module)
         except interpreted.Unsupported as exc:
             log.debug("%s: compiled, not interpreted (%s)", _where(pfunc), exc)
             return None
-    kept = tuple(exported.module_kept_var_idx)
+    kept = header.module_kept_var_idx
     expected = [(tuple(t.shape), np.dtype(t.dtype.numpy)) for t in _tensor_types(pfunc.ins_info)]
     where = _where(pfunc)
     device = runtime.resolved_device() or jax.devices()[0]
@@ -476,21 +503,18 @@ def serialize_with_sdy() -> bool:
     return bool(jax.extend.backend.get_backend().serialize_with_sdy)
 
 
-def _checked_module(
-    pfunc: PFunction, exported: jax_export.Exported
-) -> tuple[jax_export.Exported, tuple[CustomCall, ...]]:
-    """`exported` with its StableHLO module as a fresh helper process parsed and wrote it
-    again, so this process never parses bytes that could crash it (see module_check), and
-    the module's custom calls."""
+def _checked_module(pfunc: PFunction, module: bytes) -> tuple[bytes, tuple[CustomCall, ...]]:
+    """The StableHLO `module` as a fresh helper process parsed and wrote it again, so this
+    process never parses bytes that could crash it (see module_check), and its custom
+    calls."""
     try:
-        checked = _CHECKER.check(exported.mlir_module_serialized, with_sdy=serialize_with_sdy())
+        checked = _CHECKER.check(module, with_sdy=serialize_with_sdy())
     except ModuleRefused as exc:
         raise InvalidPFunctionError(
             f"{_where(pfunc)}: fn_body ({len(pfunc.fn_body)} bytes) holds a StableHLO module "
             f"this party does not load: {exc}"
         ) from None
-    replaced = dataclasses.replace(exported, mlir_module_serialized=checked.bytecode)
-    return replaced, checked.custom_calls
+    return checked.bytecode, checked.custom_calls
 
 
 def _jit(exported: jax_export.Exported, device: Any, n_ins: int) -> Any:
@@ -617,7 +641,7 @@ def check_jax_exec(pfuncs: Sequence[PFunction], runtime: KernelRuntime) -> None:
         if disk is not None and disk.path(_disk_key(pfunc, target, runtime)).exists():
             continue
         try:
-            modules.append(_exported(pfunc).mlir_module_serialized)
+            modules.append(_header(pfunc).mlir_module_serialized)
         except InvalidPFunctionError:
             continue
     _CHECKER.check_together(modules, with_sdy=serialize_with_sdy())

@@ -32,7 +32,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from mpplug.core import PFunction, TensorType
-from mpplug.kernels import interpreted, jax_exec
+from mpplug.kernels import artifact, interpreted, jax_exec
 from mpplug.kernels.runtime import DEFAULT_CACHE_SIZE, LRUCache
 from mpplug.runtime.profile import phase
 
@@ -1038,7 +1038,7 @@ def _pfunction(
     pfunc = PFunction(
         jax_exec.FN_TYPE,
         name,
-        bytes(exported.serialize()),
+        artifact.serialize(exported),
         tuple(TensorType(a.dtype, a.shape) for a in in_avals),
         tuple(TensorType(a.dtype, a.shape) for a in out_avals),
         attrs,
