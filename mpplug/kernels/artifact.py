@@ -39,6 +39,27 @@ except ImportError:  # pragma: no cover - layout of a future JAX: JAX serializes
 SERIALIZATION_VERSION = 3
 """What JAX's serializer stores in the field (see its `_serialize_exported`)."""
 
+FIELDS = (
+    "fun_name",
+    "in_tree",
+    "in_avals",
+    "out_tree",
+    "out_avals",
+    "_in_named_shardings",
+    "_out_named_shardings",
+    "nr_devices",
+    "platforms",
+    "ordered_effects",
+    "unordered_effects",
+    "disabled_safety_checks",
+    "mlir_module_serialized",
+    "calling_convention_version",
+    "module_kept_var_idx",
+    "uses_global_constants",
+)
+"""What an `Exported` holds that its flatbuffer carries (JAX's vjp, never serialized for a
+round, aside)."""
+
 _checked = threading.Event()
 _trusted = [_schema is not None]
 """Whether artifacts are written here; cleared for good if the first check fails."""
@@ -88,27 +109,9 @@ def _is_flat(exported: jax_export.Exported) -> bool:
 
 def _reads_back(written: bytes, exported: jax_export.Exported) -> bool:
     """Whether JAX's deserializer reads `written` as `exported`."""
-    fields = (
-        "fun_name",
-        "in_tree",
-        "in_avals",
-        "out_tree",
-        "out_avals",
-        "_in_named_shardings",
-        "_out_named_shardings",
-        "nr_devices",
-        "platforms",
-        "ordered_effects",
-        "unordered_effects",
-        "disabled_safety_checks",
-        "mlir_module_serialized",
-        "calling_convention_version",
-        "module_kept_var_idx",
-        "uses_global_constants",
-    )
     try:
         again = jax_export.deserialize(bytearray(written))
-        differ = [f for f in fields if getattr(again, f) != getattr(exported, f)]
+        differ = [f for f in FIELDS if getattr(again, f) != getattr(exported, f)]
     except Exception as exc:
         differ = [f"{type(exc).__name__}: {exc}"]
     if differ:
