@@ -11,7 +11,8 @@ two secrets A and B:
   masked wrap bits, dealer correction and reshare, the probabilistic truncation's masked
   share) are uniform bytes for a fixed secret and
   fixed shares: a chi-square test over the 256 byte values, and one over the 64 bit positions
-  of the u64 words, each with p > P_MIN; no message repeats from one run to the next. A
+  of the u64 words, each with p > P_MIN; no message repeats from one run to the next more
+  often than chance (a binomial test per message over the runs, p > P_MIN). A
   message that is a function of the shares alone (a missing zero-share mask, a truncation
   sent unmasked, PRF keys that do not change) fails these, as checked by hand;
 - the seal's share pairs are uniform bytes in the same way, over the 24 sealings;
@@ -23,13 +24,18 @@ two secrets A and B:
 
 Not tested for uniformity: the reveal's own message (party k must learn the output from it;
 for a comparison it is a 0/1 share) and the PRF keys passed at setup (fresh prand words). With
-about 150 statistical tests at P_MIN = 1e-6 a correct protocol fails a run with probability
-< 2e-4; test_a_chi_square_test_this_strong_sees_a_biased_view shows they are not vacuous, and
-test_a_truncation_with_a_broken_mask_fails_the_views that they catch a broken mask.
+about 150 distribution tests and 435 freshness tests (one per message of a run), each failing
+a correct protocol with probability at most P_MIN = 1e-6, a run fails with probability < 6e-4
+(less: a freshness test's discrete tail rarely reaches P_MIN).
+test_a_chi_square_test_this_strong_sees_a_biased_view and
+test_freshness_fails_a_message_that_does_not_change_and_passes_chance_repeats show they are
+not vacuous, and test_a_truncation_with_a_broken_mask_fails_the_views that they catch a broken
+mask.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
@@ -144,17 +150,31 @@ def views(
 
 
 def check_fresh(name: str, messages: list[Received]) -> list[str]:
-    """Failures where a round message repeats from one evaluation to the next (same shares)."""
+    """Failures where a round message repeats from one evaluation to the next (same shares)
+    more often than chance: for each message of the program, the elements equal to the same
+    message's in the evaluation before, over all EVALUATIONS, against the binomial tail of
+    chance (each equal with probability 2^-bits), at P_MIN. A message that does not change
+    fails at any size (a 1-element bool one: 2^-23); a uniform one of two bytes, equal twice
+    in a row by chance once in 65,536 pairs, does not."""
     runs: dict[str, list[Received]] = {}
     for m in messages:
         runs.setdefault(m.exec_id, []).append(m)
-    first, second = list(runs.values())[:2]
-    assert [(m.op, m.src) for m in first] == [(m.op, m.src) for m in second]
+    evaluations = list(runs.values())
+    first = evaluations[0]
+    for later in evaluations[1:]:
+        assert [(m.op, m.src) for m in later] == [(m.op, m.src) for m in first]
     failures = []
-    for one, two in zip(first, second, strict=True):
-        same = one.value == two.value
-        if (one.value.dtype == np.uint64 and same.any()) or same.mean() > 0.5:
-            failures.append(f"{name}: message of op {one.op} repeats ({same.mean():.0%} equal)")
+    for at, message in enumerate(first):
+        equal = total = 0
+        for before, after in itertools.pairwise(evaluations):
+            equal += int(np.count_nonzero(before[at].value == after[at].value))
+            total += before[at].value.size
+        bits = 1 if message.value.dtype == np.bool_ else 8 * message.value.dtype.itemsize
+        if (p := float(stats.binom.sf(equal - 1, total, 2.0**-bits))) <= P_MIN:
+            failures.append(
+                f"{name}: message of op {message.op} repeats ({equal} of {total} elements "
+                f"equal to the evaluation before, p = {p:.2g})"
+            )
     return failures
 
 
@@ -336,6 +356,28 @@ def test_a_chi_square_test_this_strong_sees_a_biased_view():
     other = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
     assert uniform_bytes_p(other.tobytes()) > P_MIN and uniform_bits_p(other) > P_MIN
     assert same_distribution_p(words.tobytes(), other.tobytes()) < P_MIN
+
+
+def test_freshness_fails_a_message_that_does_not_change_and_passes_chance_repeats():
+    """A two-byte uniform message equal in two evaluations in a row (as one in 65,536 pairs
+    is) passes; one bool, or two bytes, the same in every evaluation fails."""
+    rng = np.random.default_rng(1)
+
+    def evaluations(constant: np.ndarray | None) -> list[Received]:
+        messages = []
+        for run in range(EVALUATIONS):
+            value = rng.integers(0, 256, 2, dtype=np.uint8)
+            if run == 1:
+                value = messages[-1].value.copy()  # a chance repeat
+            messages.append(Received(f"run{run}", 7, 1, 0, value))
+            if constant is not None:
+                messages.append(Received(f"run{run}", 9, 1, 0, constant))
+        return messages
+
+    assert check_fresh("chance", evaluations(None)) == []
+    for constant in (np.array([True]), np.array([3, 200], np.uint8)):
+        failures = check_fresh("constant", evaluations(constant))
+        assert len(failures) == 1 and "message of op 9 repeats" in failures[0], failures
 
 
 def test_two_evaluations_share_afresh_and_the_shares_add_up():
