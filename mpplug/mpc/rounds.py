@@ -135,70 +135,91 @@ def _is_var(v: Any) -> bool:
     return isinstance(v, Var)  # a Literal is not a Var
 
 
-def _live_eqns(jaxpr: Jaxpr) -> list[JaxprEqn]:
-    """Equations that some output depends on (share programs have no side effects)."""
+def _live_eqns(jaxpr: Jaxpr) -> tuple[list[JaxprEqn], list[list[Var]]]:
+    """Equations that some output depends on (share programs have no side effects), and
+    each one's variable inputs."""
     needed = {v for v in jaxpr.outvars if _is_var(v)}
-    live = []
+    live, inputs = [], []
     for eqn in reversed(jaxpr.eqns):
-        if any(v in needed for v in eqn.outvars):
+        outvars = eqn.outvars
+        if outvars[0] in needed if len(outvars) == 1 else any(v in needed for v in outvars):
+            ins = [v for v in eqn.invars if type(v) is not Literal]
+            needed.update(ins)
             live.append(eqn)
-            needed.update(v for v in eqn.invars if _is_var(v))
-    return live[::-1]
+            inputs.append(ins)
+    return live[::-1], inputs[::-1]
 
 
 @dataclass
 class RoundPlan:
-    """Each equation's round; `rounds` is the number of communication rounds."""
+    """Each equation's round and variable inputs; `rounds` is the number of communication
+    rounds."""
 
     eqns: list[JaxprEqn]
-    level: dict[int, int]
+    inputs: list[list[Var]]
+    level: list[int]
     messages: list[_Message]
     rounds: int
 
 
 def plan_rounds(jaxpr: Jaxpr) -> RoundPlan:
-    eqns = _live_eqns(jaxpr)
-    ready: dict[Any, int] = {}
-    asap: dict[int, int] = {}
-    for i, eqn in enumerate(eqns):
-        start = max((ready.get(v, 0) for v in eqn.invars if _is_var(v)), default=0)
-        asap[i] = start
+    eqns, inputs = _live_eqns(jaxpr)
+    ready: dict[Any, int] = dict.fromkeys([*jaxpr.invars, *jaxpr.constvars], 0)
+    asap = []
+    for eqn, ins in zip(eqns, inputs, strict=True):
+        start = max(map(ready.__getitem__, ins), default=0)
+        asap.append(start)
         done = start + 1 if eqn.primitive in (exchange_p, loop_p) else start
         for v in eqn.outvars:
             ready[v] = done
     rounds = max((ready.get(v, 0) for v in jaxpr.outvars if _is_var(v)), default=0)
     outs = [v for v in jaxpr.outvars if _is_var(v)]
-    level = _levels(eqns, asap, rounds, outs, {})
-    level = _levels(eqns, asap, rounds, outs, _deferred(eqns, asap, level))
+    level = _levels(eqns, inputs, asap, rounds, outs, {})
+    level = _levels(eqns, inputs, asap, rounds, outs, _deferred(eqns, asap, level))
     groups: dict[tuple[int, tuple[int, ...], bool], _Message] = {}
     for i, eqn in enumerate(eqns):
         if eqn.primitive is exchange_p:
             key = (level[i], *_route(eqn))
             groups.setdefault(key, _Message(*key)).eqns.append(eqn)
-    return RoundPlan(eqns, level, list(groups.values()), rounds)
+    return RoundPlan(eqns, inputs, level, list(groups.values()), rounds)
 
 
 def _levels(
-    eqns: list[JaxprEqn], asap: dict[int, int], rounds: int, outs: list[Any], sends: dict[int, int]
-) -> dict[int, int]:
+    eqns: list[JaxprEqn],
+    inputs: list[list[Var]],
+    asap: list[int],
+    rounds: int,
+    outs: list[Any],
+    sends: dict[int, int],
+) -> list[int]:
     """Each equation's round: an exchange's as early as possible (one that needs nothing
     received: the round `sends` gives it, else the last before its value is used), local
     work as late as possible."""
     use: dict[Any, int] = dict.fromkeys(outs, rounds)
-    level: dict[int, int] = {}
-    for i in reversed(range(len(eqns))):
+    level = [0] * len(eqns)
+    early = (exchange_p, prf_p, loop_p)
+    for i in range(len(eqns) - 1, -1, -1):
         eqn = eqns[i]
-        if eqn.primitive is exchange_p and asap[i] == 0:
-            first_use = min((use[v] for v in eqn.outvars if v in use), default=1)
-            level[i] = sends.get(i, max(0, first_use - 1))
-        elif eqn.primitive in (exchange_p, prf_p, loop_p):
-            level[i] = asap[i]  # randomness comes first, all of it in one batched call
+        primitive = eqn.primitive
+        if primitive is exchange_p and asap[i] == 0:
+            first_use = _first_use(use, eqn.outvars, 1)
+            at = sends.get(i, max(0, first_use - 1))
+        elif primitive in early:
+            at = asap[i]  # randomness comes first, all of it in one batched call
         else:
-            level[i] = min((use[v] for v in eqn.outvars if v in use), default=asap[i])
-        for u in eqn.invars:
-            if _is_var(u):
-                use[u] = min(use.get(u, level[i]), level[i])
+            at = _first_use(use, eqn.outvars, asap[i])
+        level[i] = at
+        for u in inputs[i]:
+            if use.get(u, at) >= at:
+                use[u] = at
     return level
+
+
+def _first_use(use: dict[Any, int], outvars: list[Any], unused: int) -> int:
+    """The earliest round that reads one of `outvars`, `unused` where none is read."""
+    if len(outvars) == 1:
+        return use.get(outvars[0], unused)
+    return min([use[v] for v in outvars if v in use], default=unused)
 
 
 def _route(eqn: JaxprEqn) -> tuple[tuple[int, ...], bool]:
@@ -207,7 +228,7 @@ def _route(eqn: JaxprEqn) -> tuple[tuple[int, ...], bool]:
     return eqn.params["sources"], np.dtype(_aval(eqn.invars[0]).dtype) == np.bool_
 
 
-def _deferred(eqns: list[JaxprEqn], asap: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
+def _deferred(eqns: list[JaxprEqn], asap: list[int], latest: list[int]) -> dict[int, int]:
     """The rounds of the exchanges that need nothing received (a dealer's correlated
     randomness, such as a precise truncation's c1), given the latest each can be sent in:
     the latest round up to that one that sends on the same route anyway, so that it adds
@@ -247,13 +268,13 @@ def _bind(eqn: JaxprEqn, env: dict[Any, Any]) -> None:
 def _last_use(plan: RoundPlan, jaxpr: Jaxpr) -> dict[Any, int]:
     """The latest round in which each variable is read (outputs: after the last round)."""
     last: dict[Any, int] = {}
-    for i, eqn in enumerate(plan.eqns):
-        for v in eqn.invars:
-            if _is_var(v):
-                last[v] = max(last.get(v, -1), plan.level[i])
-    for v in jaxpr.outvars:
-        if _is_var(v):
-            last[v] = plan.rounds + 1
+    for ins, at in zip(plan.inputs, plan.level, strict=True):
+        for v in ins:
+            if last.get(v, -1) < at:
+                last[v] = at
+    for out in jaxpr.outvars:
+        if _is_var(out):
+            last[out] = plan.rounds + 1
     return last
 
 
