@@ -269,8 +269,55 @@ def test_gathers_that_clamp_as_the_export() -> None:
         x,
         i,
     )
-    with pytest.raises(emit.Unemittable, match="gather in mode"):
-        _emitted(lambda x, i: jnp.take(x, i, axis=0, mode="fill"), x, i)
+
+
+def test_gathers_in_fill_mode_as_the_export() -> None:
+    """`take` and indexing in fill mode: rows out of range (negative, past the end, a
+    window reaching past it) are the fill value, of ints and floats, on either axis."""
+    i = np.array([4, 0, -2, 9, 3, 5, -1], np.int32)
+    starts = np.array([[0, 1], [4, 0], [3, 2], [-1, 0]], np.int32)
+    windows = lax.GatherDimensionNumbers(
+        offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1)
+    )
+    for x, fill in ((_edges(np.uint64, (5, 3)), 7), (_edges(np.float32, (5, 3)), -0.0)):
+        _same_as_export(
+            lambda x, i, starts, fill=fill: (
+                jnp.take(x, i, axis=0, mode="fill", fill_value=fill),
+                jnp.take(x, i[:3], axis=1, mode="fill", fill_value=fill),
+                jnp.take(x, i, axis=0, mode="fill"),
+                lax.gather(x, starts, windows, (2, 2), mode="fill", fill_value=fill),
+            ),
+            x,
+            i,
+            starts,
+        )
+
+
+def test_integer_sorts_and_scatters_as_the_export() -> None:
+    """Sorts by one integer key (with values carried along, on either axis, signed and
+    unsigned, ties kept in order) and writes at indices, out-of-range ones dropped; those of
+    a secure sort's rounds (sorts and writes into a vector) planned to run interpreted."""
+    keys = np.array([[3, -1, 3, 0, 2**31 - 1, -(2**31), 3], [1, 1, 0, 0, 5, 5, 1]], np.int32)
+    words = _edges(np.uint64, (2, 7))
+    at = np.array([2, -1, 9, 0], np.int32)
+
+    def rounds_ops(k: Any, w: Any, at: Any) -> Any:
+        return (
+            jnp.argsort(k, axis=1),
+            jnp.argsort(w, axis=0),
+            jnp.sort(w, axis=1),
+            lax.sort((w, k), dimension=1, num_keys=1),
+            k[0].at[at].set(k[1, :4], mode="drop"),
+        )
+
+    want = _same_as_export(rounds_ops, keys, words, at)
+    exported, _ = _emitted(rounds_ops, keys, words, at)
+    plan = interpreted.plan_serialized(exported.mlir_module_serialized)
+    got = interpreted.call(plan, [keys, words, at])
+    assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+    _same_as_export(
+        lambda w, at: w.at[at % 2].set(w[::-1], mode="promise_in_bounds"), words, at[:2]
+    )
 
 
 def test_constants_keep_their_bits() -> None:
@@ -299,7 +346,10 @@ def test_inner_jit_calls_are_inlined() -> None:
     "fn, why",
     [
         (jnp.exp, "primitive exp"),
-        (lambda x: jnp.sort(x, axis=0), "primitive sort"),
+        (lambda x: jnp.sort(x, axis=0), "sort by 1 keys of float32"),
+        (lambda x: lax.sort((x, x), num_keys=2)[0], "sort by 2 keys"),
+        (lambda x: x.at[0].set(1.0, mode="clip"), "scatter in mode"),
+        (lambda x: x.at[0].add(1.0), "primitive scatter-add"),
         (lambda x: jnp.cumsum(x), "primitive cumsum"),
         (
             lambda x: lax.dot_general(x, x.T.astype(np.float64), (((1,), (0,)), ((), ()))),

@@ -137,6 +137,8 @@ class Builder:
         self.sliced: dict[str, tuple[Value, tuple[int, ...], tuple[int, ...]]] = {}
         """Each slice's operand, starts and strides, by its name: a slice of a slice is one
         slice of the first one's operand."""
+        self.parts: dict[str, str] = {}
+        """The op of each result of an op of several results (`%4#1`: `%4`), by its name."""
 
     # -- values
 
@@ -369,6 +371,9 @@ class Builder:
     def bitwise_or(self, x: Any, y: Any) -> Value:
         return self._elementwise("or", [x, y])
 
+    def bitwise_and(self, x: Any, y: Any) -> Value:
+        return self._elementwise("and", [x, y])
+
     def shift_left(self, x: Any, y: Any) -> Value:
         return self._elementwise("shift_left", [x, y])
 
@@ -384,6 +389,34 @@ class Builder:
             f"compare_type = #stablehlo<comparison_type {kind}>"
         )
         return self.op("compare", [x, y], x.shape, np.bool_, props)
+
+    def reduce(self, kind: str, x: Value, axes: Sequence[int]) -> Value:
+        """`x` reduced over `axes` by the binary op `kind`, from its identity."""
+        init = self.value(_reduce_init(kind, x.dtype))
+        scalar = tensor_type((), x.dtype)
+        lhs, rhs, total = self.name(), self.name(), self.name()
+        shape = tuple(n for axis, n in enumerate(x.shape) if axis not in axes)
+        out = Value(self.name(), shape, x.dtype)
+        lines = [
+            f'    {out.name} = "stablehlo.reduce"({x.name}, {init.name}) '
+            f"<{{dimensions = {_i64s(axes)}}}> ({{",
+            f"    ^bb0({lhs}: {scalar}, {rhs}: {scalar}):",
+            f'      {total} = "stablehlo.{kind}"({lhs}, {rhs}) : ({scalar}, {scalar}) -> {scalar}',
+            f'      "stablehlo.return"({total}) : ({scalar}) -> ()',
+            f"    }}) : ({x.type}, {init.type}) -> {out.type}",
+        ]
+        self.lines.append((out.name, (x.name, init.name), "\n".join(lines)))
+        return out
+
+    def results(
+        self, name: str, line: str, operands: Sequence[Value], outs: Sequence[Value]
+    ) -> list[Value]:
+        """Write `line`, op `name` (from `name()`) of several results, reading `operands`:
+        its results, of the types of `outs`, `name#0`, `name#1`..."""
+        self.lines.append((name, tuple([v.name for v in operands]), line))
+        parts = [Value(f"{name}#{i}", v.shape, v.dtype) for i, v in enumerate(outs)]
+        self.parts.update(dict.fromkeys([v.name for v in parts], name))
+        return parts
 
     # -- equations
 
@@ -422,12 +455,13 @@ class Builder:
         equations may compute what only another function needs, such as a PRF's key). Its
         constants come first, last written first, where JAX's writer would move them."""
         outs = [self.value(r) for r in results]
-        live = {o.name for o in outs}
+        parts = self.parts
+        live = {parts.get(o.name, o.name) for o in outs}
         kept: list[str] = []
         constants: list[str] = []
         for name, operands, line in reversed(self.lines):
             if name in live:
-                live.update(operands)
+                live.update([parts.get(o, o) for o in operands] if parts else operands)
                 (constants if name in self.constant_names else kept).append(line)
         params = ", ".join(f"{p.name}: {p.type}" for p in self.params)
         types = ", ".join(o.type for o in outs)
@@ -616,23 +650,7 @@ def _reduce_init(kind: str, dtype: np.dtype) -> np.ndarray:
 def _reduce(kind: str) -> Rule:
     def rule(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
         _no(eqn, "out_sharding")
-        (x,) = ins
-        shape, dtype = _aval(eqn)
-        init = b.value(_reduce_init(kind, x.dtype))
-        scalar = tensor_type((), x.dtype)
-        lhs, rhs, total = b.name(), b.name(), b.name()
-        out = Value(b.name(), shape, dtype)
-        axes = _i64s(eqn.params["axes"])
-        lines = [
-            f'    {out.name} = "stablehlo.reduce"({x.name}, {init.name}) '
-            f"<{{dimensions = {axes}}}> ({{",
-            f"    ^bb0({lhs}: {scalar}, {rhs}: {scalar}):",
-            f'      {total} = "stablehlo.{kind}"({lhs}, {rhs}) : ({scalar}, {scalar}) -> {scalar}',
-            f'      "stablehlo.return"({total}) : ({scalar}) -> ()',
-            f"    }}) : ({x.type}, {init.type}) -> {out.type}",
-        ]
-        b.lines.append((out.name, (x.name, init.name), "\n".join(lines)))
-        return [out]
+        return [b.reduce(kind, ins[0], eqn.params["axes"])]
 
     return rule
 
@@ -711,12 +729,19 @@ def _convolution(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[
 
 
 def _gather(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
-    """A gather whose indices are clamped into range (JAX's clip and promise-in-bounds modes;
-    fill mode masks out-of-range rows with ops of its own, and is exported instead)."""
+    """A gather whose indices are clamped into range (JAX's clip and promise-in-bounds
+    modes), or in fill mode (`_gather_filled`)."""
     p = eqn.params
+    if p["mode"] == lax.GatherScatterMode.FILL_OR_DROP:
+        return _gather_filled(b, eqn, ins, env)
     if p["mode"] not in (lax.GatherScatterMode.CLIP, lax.GatherScatterMode.PROMISE_IN_BOUNDS):
         raise Unemittable(f"gather in mode {p['mode']}")
-    shape, dtype = _aval(eqn)
+    return [_gather_op(b, p, ins, *_aval(eqn))]
+
+
+def _gather_op(
+    b: Builder, p: dict[str, Any], ins: list[Value], shape: tuple[int, ...], dtype: np.dtype
+) -> Value:
     numbers = p["dimension_numbers"]
     fields = [
         f"{name} = [{', '.join(map(str, dims))}]"
@@ -734,7 +759,93 @@ def _gather(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value
     if p["indices_are_sorted"]:
         props += "indices_are_sorted = true, "
     props += f"slice_sizes = {_i64s(p['slice_sizes'])}"
-    return [b.op("gather", ins, shape, dtype, props)]
+    return b.op("gather", ins, shape, dtype, props)
+
+
+def _gather_filled(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    """A gather in fill mode, as JAX lowers one: an in-bounds gather, each row whose start
+    is out of range (below 0, or past the operand's size less the slice's) the fill value."""
+    p = eqn.params
+    if p["fill_value"] is None:
+        raise Unemittable("gather in fill mode without a fill value")
+    operand, indices = ins
+    numbers = p["dimension_numbers"]
+    shape, dtype = _aval(eqn)
+    index = np.dtype(np.int64 if max(operand.shape, default=0) > 2**31 - 1 else np.int32)
+    indices = b.convert_element_type(indices, index)
+    upper = [operand.shape[d] - p["slice_sizes"][d] for d in numbers.start_index_map]
+    batch = len(indices.shape) - 1
+    inside = b.bitwise_and(
+        b.compare(indices, b.value(np.zeros(indices.shape, index)), "GE"),
+        b.compare(indices, b.value(np.broadcast_to(np.array(upper, index), indices.shape)), "LE"),
+    )
+    rows = b.reduce("and", inside, (batch,))
+    kept = [axis for axis in range(len(shape)) if axis not in numbers.offset_dims]
+    mask = b.broadcast_in_dim(rows, shape, kept)
+    gathered = _gather_op(b, p, [operand, indices], shape, dtype)
+    fill = b.value(np.full(shape, p["fill_value"], dtype))
+    return [b.op("select", [mask, gathered, fill], shape, dtype)]
+
+
+def _sort(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    """A sort by one integer key (JAX's comparator for one: a LT of the key's two
+    elements); a float key's total order is exported instead."""
+    p = eqn.params
+    key = ins[0]
+    if p["num_keys"] != 1 or key.dtype.kind not in "iu":
+        raise Unemittable(f"sort by {p['num_keys']} keys of {key.dtype}")
+    kind = "SIGNED" if key.dtype.kind == "i" else "UNSIGNED"
+    scalars = [tensor_type((), v.dtype) for v in ins]
+    name, args = b.name(), [b.name() for _ in range(2 * len(ins))]
+    less = b.name()
+    types = ", ".join(v.type for v in ins)
+    lines = [
+        f'    {name}:{len(ins)} = "stablehlo.sort"({", ".join(v.name for v in ins)}) '
+        f"<{{dimension = {p['dimension']} : i64, is_stable = {str(p['is_stable']).lower()}}}> ({{",
+        "    ^bb0(" + ", ".join(f"{a}: {scalars[i // 2]}" for i, a in enumerate(args)) + "):",
+        f'      {less} = "stablehlo.compare"({args[0]}, {args[1]}) <{{comparison_direction = '
+        f"#stablehlo<comparison_direction LT>, compare_type = #stablehlo<comparison_type "
+        f"{kind}>}}> : ({scalars[0]}, {scalars[0]}) -> tensor<i1>",
+        f'      "stablehlo.return"({less}) : (tensor<i1>) -> ()',
+        f"    }}) : ({types}) -> ({types})",
+    ]
+    return b.results(name, "\n".join(lines), ins, ins)
+
+
+def _scatter(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
+    """A scatter that puts updates in place (`x.at[i].set(u)`) with out-of-range ones
+    dropped, as XLA's scatter drops them (JAX's fill and promise-in-bounds modes)."""
+    p = eqn.params
+    if p["mode"] == lax.GatherScatterMode.CLIP or p["update_jaxpr"] is not None:
+        raise Unemittable(f"scatter in mode {p['mode']}")
+    operand, indices, updates = ins
+    numbers = p["dimension_numbers"]
+    fields = [
+        f"{name} = [{', '.join(map(str, dims))}]"
+        for name, dims in (
+            ("update_window_dims", numbers.update_window_dims),
+            ("inserted_window_dims", numbers.inserted_window_dims),
+            ("input_batching_dims", numbers.operand_batching_dims),
+            ("scatter_indices_batching_dims", numbers.scatter_indices_batching_dims),
+            ("scatter_dims_to_operand_dims", numbers.scatter_dims_to_operand_dims),
+        )
+        if dims
+    ]
+    fields.append(f"index_vector_dim = {len(indices.shape) - 1}")
+    scalar = tensor_type((), operand.dtype)
+    out = Value(b.name(), operand.shape, operand.dtype)
+    old, new = b.name(), b.name()
+    lines = [
+        f'    {out.name} = "stablehlo.scatter"({operand.name}, {indices.name}, {updates.name}) '
+        f"<{{indices_are_sorted = {str(p['indices_are_sorted']).lower()}, "
+        f"scatter_dimension_numbers = #stablehlo.scatter<{', '.join(fields)}>, "
+        f"unique_indices = {str(p['unique_indices']).lower()}}}> ({{",
+        f"    ^bb0({old}: {scalar}, {new}: {scalar}):",
+        f'      "stablehlo.return"({new}) : ({scalar}) -> ()',
+        f"    }}) : ({operand.type}, {indices.type}, {updates.type}) -> {out.type}",
+    ]
+    b.lines.append((out.name, (operand.name, indices.name, updates.name), "\n".join(lines)))
+    return [out]
 
 
 def _inline(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value]:
@@ -812,6 +923,8 @@ _RULES: dict[str, Rule] = {
     "dot_general": _dot_general,
     "conv_general_dilated": _convolution,
     "gather": _gather,
+    "sort": _sort,
+    "scatter": _scatter,
     "jit": _inline,
     "pjit": _inline,
     "copy": _copy,
