@@ -739,23 +739,27 @@ def _gather(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Value
     return [_gather_op(b, p, ins, *_aval(eqn))]
 
 
+def _dimension_numbers(kind: str, index_vector_dim: int, **dims: Sequence[int]) -> str:
+    """A gather's or a scatter's dimension numbers attribute (empty lists left out)."""
+    fields = [f"{name} = [{', '.join(map(str, d))}]" for name, d in dims.items() if d]
+    fields.append(f"index_vector_dim = {index_vector_dim}")
+    return f"#stablehlo.{kind}<{', '.join(fields)}>"
+
+
 def _gather_op(
     b: Builder, p: dict[str, Any], ins: list[Value], shape: tuple[int, ...], dtype: np.dtype
 ) -> Value:
     numbers = p["dimension_numbers"]
-    fields = [
-        f"{name} = [{', '.join(map(str, dims))}]"
-        for name, dims in (
-            ("offset_dims", numbers.offset_dims),
-            ("collapsed_slice_dims", numbers.collapsed_slice_dims),
-            ("operand_batching_dims", numbers.operand_batching_dims),
-            ("start_indices_batching_dims", numbers.start_indices_batching_dims),
-            ("start_index_map", numbers.start_index_map),
-        )
-        if dims
-    ]
-    fields.append(f"index_vector_dim = {len(ins[1].shape) - 1}")
-    props = f"dimension_numbers = #stablehlo.gather<{', '.join(fields)}>, "
+    gather = _dimension_numbers(
+        "gather",
+        len(ins[1].shape) - 1,
+        offset_dims=numbers.offset_dims,
+        collapsed_slice_dims=numbers.collapsed_slice_dims,
+        operand_batching_dims=numbers.operand_batching_dims,
+        start_indices_batching_dims=numbers.start_indices_batching_dims,
+        start_index_map=numbers.start_index_map,
+    )
+    props = f"dimension_numbers = {gather}, "
     if p["indices_are_sorted"]:
         props += "indices_are_sorted = true, "
     props += f"slice_sizes = {_i64s(p['slice_sizes'])}"
@@ -820,25 +824,22 @@ def _scatter(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Valu
         raise Unemittable(f"scatter in mode {p['mode']}")
     operand, indices, updates = ins
     numbers = p["dimension_numbers"]
-    fields = [
-        f"{name} = [{', '.join(map(str, dims))}]"
-        for name, dims in (
-            ("update_window_dims", numbers.update_window_dims),
-            ("inserted_window_dims", numbers.inserted_window_dims),
-            ("input_batching_dims", numbers.operand_batching_dims),
-            ("scatter_indices_batching_dims", numbers.scatter_indices_batching_dims),
-            ("scatter_dims_to_operand_dims", numbers.scatter_dims_to_operand_dims),
-        )
-        if dims
-    ]
-    fields.append(f"index_vector_dim = {len(indices.shape) - 1}")
+    scatter = _dimension_numbers(
+        "scatter",
+        len(indices.shape) - 1,
+        update_window_dims=numbers.update_window_dims,
+        inserted_window_dims=numbers.inserted_window_dims,
+        input_batching_dims=numbers.operand_batching_dims,
+        scatter_indices_batching_dims=numbers.scatter_indices_batching_dims,
+        scatter_dims_to_operand_dims=numbers.scatter_dims_to_operand_dims,
+    )
     scalar = tensor_type((), operand.dtype)
     out = Value(b.name(), operand.shape, operand.dtype)
     old, new = b.name(), b.name()
     lines = [
         f'    {out.name} = "stablehlo.scatter"({operand.name}, {indices.name}, {updates.name}) '
         f"<{{indices_are_sorted = {str(p['indices_are_sorted']).lower()}, "
-        f"scatter_dimension_numbers = #stablehlo.scatter<{', '.join(fields)}>, "
+        f"scatter_dimension_numbers = {scatter}, "
         f"unique_indices = {str(p['unique_indices']).lower()}}}> ({{",
         f"    ^bb0({old}: {scalar}, {new}: {scalar}):",
         f'      "stablehlo.return"({new}) : ({scalar}) -> ()',
