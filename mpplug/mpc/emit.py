@@ -780,14 +780,14 @@ def _gather_filled(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> lis
     upper = [operand.shape[d] - p["slice_sizes"][d] for d in numbers.start_index_map]
     batch = len(indices.shape) - 1
     inside = b.bitwise_and(
-        b.compare(indices, b.value(np.zeros(indices.shape, index)), "GE"),
+        b.compare(indices, b.splat(np.zeros((), index), indices.shape), "GE"),
         b.compare(indices, b.value(np.broadcast_to(np.array(upper, index), indices.shape)), "LE"),
     )
     rows = b.reduce("and", inside, (batch,))
     kept = [axis for axis in range(len(shape)) if axis not in numbers.offset_dims]
     mask = b.broadcast_in_dim(rows, shape, kept)
     gathered = _gather_op(b, p, [operand, indices], shape, dtype)
-    fill = b.value(np.full(shape, p["fill_value"], dtype))
+    fill = b.splat(np.asarray(p["fill_value"], dtype), shape)
     return [b.op("select", [mask, gathered, fill], shape, dtype)]
 
 
@@ -820,8 +820,10 @@ def _scatter(b: Builder, eqn: JaxprEqn, ins: list[Value], env: Any) -> list[Valu
     """A scatter that puts updates in place (`x.at[i].set(u)`) with out-of-range ones
     dropped, as XLA's scatter drops them (JAX's fill and promise-in-bounds modes)."""
     p = eqn.params
-    if p["mode"] == lax.GatherScatterMode.CLIP or p["update_jaxpr"] is not None:
+    if p["mode"] == lax.GatherScatterMode.CLIP:
         raise Unemittable(f"scatter in mode {p['mode']}")
+    if p["update_jaxpr"] is not None:
+        raise Unemittable("scatter with an update function")
     operand, indices, updates = ins
     numbers = p["dimension_numbers"]
     scatter = _dimension_numbers(
