@@ -3,7 +3,7 @@ process with an empty compile cache (cold) and again with the cache it left (war
 SPU's first call; and the Driver with three local party processes beside the Simulator.
 
     python -m bench.mpc_start [--spu /tmp/spu.json] [--only SUBSTRING] [--driver] [--phases]
-                              [--json F]
+                              [--pairs N] [--json F]
 
 first = `compile` (trace) + the first evaluate and fetch, timed inside the fresh process after
 its inputs are put and `mpplug.mpc` is imported (SPU's first_s also starts from inputs at hand,
@@ -12,6 +12,10 @@ run starts them once it has run a second); the cached wall after it waits for th
 (with --spu):
 cold <= 2x SPU's first call, warm <= 1x; with --driver: the Driver's first evaluate <= 2x
 the Simulator's and its cached wall <= 2x the Simulator's. Exit code 1 when one is missed.
+With --pairs N each workload runs N cold and warm pairs, each pair with a cache of its own,
+and the table shows each side's median run (its first evaluate the median, its trace and
+cached wall with it): on a noisy machine one pair can read 30-60% off (SPU's anchor still
+times its first call once).
 
 With --phases the fresh processes trace and first evaluate inside `cluster.profile()` (a
 little slower) and a second table says where each one's time went: the trace's phases (the
@@ -151,8 +155,14 @@ def in_fresh_process(name: str, cache: Path, phases: bool = False) -> dict[str, 
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose first evaluate is the median of `runs` (the upper one of an even
+    number), with its own trace, cached wall and phases."""
+    return sorted(runs, key=lambda run: run["first"])[len(runs) // 2]
+
+
 def start_rows(
-    names: list[str], spu: dict[str, Any] | None, phases: bool = False
+    names: list[str], spu: dict[str, Any] | None, phases: bool = False, pairs: int = 1
 ) -> tuple[list[str], bool, dict]:
     head = ["workload", "cold first s (trace)", "warm first s (trace)", "cached wall s"]
     if spu is not None:
@@ -160,10 +170,13 @@ def start_rows(
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     missed, raw = False, {}
     for name in names:
-        with tempfile.TemporaryDirectory(prefix="mpplug-cache-") as tmp:
-            cold = in_fresh_process(name, Path(tmp), phases)
-            warm = in_fresh_process(name, Path(tmp), phases)
-        raw[name] = {"cold": cold, "warm": warm}
+        colds, warms = [], []
+        for _ in range(pairs):
+            with tempfile.TemporaryDirectory(prefix="mpplug-cache-") as tmp:
+                colds.append(in_fresh_process(name, Path(tmp), phases))
+                warms.append(in_fresh_process(name, Path(tmp), phases))
+        cold, warm = median_run(colds), median_run(warms)
+        raw[name] = {"cold": cold, "warm": warm, "colds": colds, "warms": warms}
         cells = [
             name,
             f"{cold['first']:.2f} ({cold['trace']:.2f})",
@@ -230,6 +243,9 @@ def main() -> int:
     ap.add_argument("--only", help="substring filter on workload names")
     ap.add_argument("--driver", action="store_true", help="also the Driver next to the Simulator")
     ap.add_argument("--phases", action="store_true", help="also where each first run's time went")
+    ap.add_argument(
+        "--pairs", type=int, default=1, help="cold and warm pairs a workload (median shown)"
+    )
     ap.add_argument("--json", help="write raw results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -244,7 +260,9 @@ def main() -> int:
         " (the Simulator's)",
         flush=True,
     )
-    lines, missed, raw = start_rows(names, spu, args.phases)
+    if args.pairs < 1:
+        ap.error(f"--pairs must be at least 1, got {args.pairs}")
+    lines, missed, raw = start_rows(names, spu, args.phases, args.pairs)
     print("\n" + "\n".join(lines))
     if args.phases:
         print("\n" + "\n".join(phase_rows(raw)))

@@ -215,3 +215,15 @@ def test_a_phase_table_counts_each_span_once_where_a_loops_rounds_nest_in_its_sh
     want = {"self trace": 2, "self mpc share program": 3, "mpc rounds": 5, "self mpc rounds": 4.5}
     assert {k: round(got[k], 6) for k in want} == want
     assert round(got["party prepare"], 6) == 0.3
+
+
+def test_a_start_up_table_shows_each_sides_median_run_whole():
+    from bench.mpc_start import median_run
+
+    runs = [
+        {"first": f, "trace": t, "wall": w}
+        for f, t, w in ((0.9, 0.5, 1), (0.4, 0.1, 2), (0.6, 0.2, 3))
+    ]
+    assert median_run(runs) == {"first": 0.6, "trace": 0.2, "wall": 3}  # its own trace and wall
+    assert median_run(runs[:2])["first"] == 0.9  # of two, the upper
+    assert median_run(runs[1:2]) == runs[1]
