@@ -16,10 +16,10 @@ import functools
 import logging
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import flatbuffers
 import jax
 import numpy as np
 from jax import export as jax_export
@@ -119,31 +119,96 @@ def _reads_back(written: bytes, exported: jax_export.Exported) -> bool:
     return not differ
 
 
-def _write(exported: jax_export.Exported) -> bytes:
-    """The flatbuffer JAX's serializer writes for a flat function, in the same order of
-    fields, with each repeated table written once."""
-    fb, module = _schema, exported.mlir_module_serialized
-    builder = flatbuffers.Builder(len(module) + 1024)
-    n, m = len(exported.in_avals), len(exported.out_avals)
+class _Writer:
+    """A flatbuffer written back to front, as flatbuffers' own builder writes one, but a whole
+    part (a vector, a string, a table) at a time with `struct`, where that builder takes a
+    Python call a field or an element. A part's place is its distance from the end of the
+    buffer (`size` once it is written), so a reference to it is known once it is written; the
+    buffer is the parts in reverse order."""
 
-    def vector(offsets: list[int]) -> int:
-        builder.StartVector(4, len(offsets), 4)
-        for offset in reversed(offsets):
-            builder.PrependUOffsetTRelative(offset)
-        return builder.EndVector()
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def _put(self, data: bytes) -> int:
+        self.parts.append(data)
+        self.size += len(data)
+        return self.size
+
+    def _pad(self, ahead: int) -> None:
+        """Pad so that `ahead` bytes more end 4-byte aligned (every part here starts so)."""
+        pad = -(self.size + ahead) % 4
+        if pad:
+            self._put(bytes(pad))
+
+    def blob(self, data: bytes, terminated: bool = False) -> int:
+        """A vector of bytes (a string, where `terminated`: flatbuffers end one with a NUL)."""
+        tail = data + b"\0" if terminated else data
+        self._pad(len(tail) + 4)
+        self._put(tail)
+        return self._put(struct.pack("<I", len(data)))
+
+    def numbers(self, code: str, values: Sequence[int]) -> int:
+        """A vector of integers of `struct` type `code` (H or I)."""
+        body = struct.pack(f"<{len(values)}{code}", *values)
+        self._pad(len(body) + 4)
+        self._put(body)
+        return self._put(struct.pack("<I", len(values)))
+
+    def offsets(self, targets: Sequence[int]) -> int:
+        """A vector of references to parts already written."""
+        n = len(targets)
+        self._pad(4 * n + 4)
+        first = self.size + 4 * n  # where element 0 will be
+        body = struct.pack(f"<{n}I", *[first - 4 * i - t for i, t in enumerate(targets)])
+        self._put(body)
+        return self._put(struct.pack("<I", n))
+
+    def table(self, fields: Sequence[tuple[int, str, int]]) -> int:
+        """A table of `fields` (slot, `struct` type: O a reference, I, H or b, value), its
+        vtable just before it; references first, then smaller fields, each aligned."""
+        order = sorted(fields, key=lambda f: -_FIELD_BYTES[f[1]])
+        at, place = 4, {}
+        for slot, code, _ in order:
+            place[slot] = at
+            at += _FIELD_BYTES[code]
+        self._pad(at)
+        start = self.size + at  # where the table will be
+        values = [start - place[slot] - v if code == "O" else v for slot, code, v in order]
+        codes = "".join("I" if code == "O" else code for _, code, _ in order)
+        slots = [0] * (max(place, default=-1) + 1)
+        for slot, offset in place.items():
+            slots[slot] = offset
+        vtable = struct.pack(f"<{2 + len(slots)}H", 4 + 2 * len(slots), at, *slots)
+        self._put(struct.pack(f"<i{codes}", len(vtable), *values))
+        self._put(vtable)
+        return start
+
+    def finish(self, root: int) -> bytes:
+        self._pad(4)
+        self._put(struct.pack("<I", self.size + 4 - root))
+        return b"".join(reversed(self.parts))
+
+
+_FIELD_BYTES = {"O": 4, "I": 4, "H": 2, "b": 1}
+
+
+def _write(exported: jax_export.Exported) -> bytes:
+    """The flatbuffer JAX's serializer writes for a flat function (the same tables and
+    fields, defaults left out as flatbuffers leave them), with each repeated part written
+    once."""
+    fb, w = _schema, _Writer()
+    kinds = fb.PyTreeDefKind
+    n, m = len(exported.in_avals), len(exported.out_avals)
+    module = w.blob(exported.mlir_module_serialized)
 
     def tree(kind: int, children: list[int]) -> int:
-        nodes = vector(children) if children else None
-        fb.PyTreeDefStart(builder)
-        fb.PyTreeDefAddKind(builder, kind)
-        if nodes is not None:
-            fb.PyTreeDefAddChildren(builder, nodes)
-        return int(fb.PyTreeDefEnd(builder))
+        fields = [(0, "b", kind)] if kind else []
+        return w.table(fields + ([(1, "O", w.offsets(children))] if children else []))
 
-    fun_name = builder.CreateString(exported.fun_name)
-    leaf = tree(fb.PyTreeDefKind.leaf, [])
-    no_keywords = tree(fb.PyTreeDefKind.dict, [])
-    in_tree = tree(fb.PyTreeDefKind.tuple, [tree(fb.PyTreeDefKind.tuple, [leaf] * n), no_keywords])
+    leaf = tree(kinds.leaf, [])
+    in_tree = tree(kinds.tuple, [tree(kinds.tuple, [leaf] * n), tree(kinds.dict, [])])
+    out_tree = tree(kinds.tuple, [leaf] * m)
     avals: dict[tuple[Any, ...], tuple[int, int]] = {}
     dims: dict[int, int] = {}
 
@@ -153,59 +218,45 @@ def _write(exported: jax_export.Exported) -> bytes:
         if found is None:
             for d in a.shape:
                 if d not in dims:
-                    dims[d] = builder.CreateString(str(d))
-            shape = vector([dims[d] for d in a.shape])
-            fb.AbstractValueStart(builder)
-            fb.AbstractValueAddShape(builder, shape)
-            fb.AbstractValueAddDtype(builder, _dtype_kinds[a.dtype])
-            fb.AbstractValueAddMemorySpace(builder, _memory_spaces[a.memory_space])
-            found = avals[key] = (fb.AbstractValueEnd(builder), len(avals))
+                    dims[d] = w.blob(str(d).encode(), terminated=True)
+            fields = [(1, "O", w.offsets([dims[d] for d in a.shape]))]
+            fields += [(2, "b", _dtype_kinds[a.dtype]), (3, "b", _memory_spaces[a.memory_space])]
+            found = avals[key] = (w.table([f for f in fields if f[2]]), len(avals))
         return found[0]
 
-    in_avals = vector([aval(a) for a in exported.in_avals])
-    out_tree = tree(fb.PyTreeDefKind.tuple, [leaf] * m)
-    out_avals = vector([aval(a) for a in exported.out_avals])
-    fb.ShardingStart(builder)
-    unsharded = fb.ShardingEnd(builder)
-    in_shardings, out_shardings = vector([unsharded] * n), vector([unsharded] * m)
-    empty = vector([])
-    platforms = vector([builder.CreateString(p) for p in exported.platforms])
-    mlir_module = builder.CreateByteVector(module)
-    kept = builder.CreateNumpyVector(np.asarray(exported.module_kept_var_idx, np.uint16))
-    unique_avals = vector([offset for offset, _ in avals.values()])
+    def index(a: Any) -> int:
+        return avals[(a.shape, a.dtype, a.memory_space)][1]
 
-    def indices(values: Any) -> int:
-        return int(builder.CreateNumpyVector(np.asarray(values, np.uint32)))
-
-    in_idxs = indices([avals[(a.shape, a.dtype, a.memory_space)][1] for a in exported.in_avals])
-    out_idxs = indices([avals[(a.shape, a.dtype, a.memory_space)][1] for a in exported.out_avals])
-    in_sharding_idxs, out_sharding_idxs = indices([0] * n), indices([0] * m)
-    fb.ExportedStart(builder)
-    fb.ExportedAddSerializationVersion(builder, SERIALIZATION_VERSION)
-    fb.ExportedAddFunctionName(builder, fun_name)
-    fb.ExportedAddInTree(builder, in_tree)
-    fb.ExportedAddInAvals(builder, in_avals)
-    fb.ExportedAddOutTree(builder, out_tree)
-    fb.ExportedAddOutAvals(builder, out_avals)
-    fb.ExportedAddNrDevices(builder, exported.nr_devices)
-    fb.ExportedAddInShardings(builder, in_shardings)
-    fb.ExportedAddOutShardings(builder, out_shardings)
-    fb.ExportedAddPlatforms(builder, platforms)
-    fb.ExportedAddOrderedEffects(builder, empty)
-    fb.ExportedAddUnorderedEffects(builder, empty)
-    fb.ExportedAddDisabledChecks(builder, empty)
-    fb.ExportedAddMlirModuleSerialized(builder, mlir_module)
-    fb.ExportedAddCallingConventionVersion(builder, exported.calling_convention_version)
-    fb.ExportedAddModuleKeptVarIdx(builder, kept)
-    fb.ExportedAddUniqueAvals(builder, unique_avals)
-    fb.ExportedAddUniqueAbstractMeshes(builder, empty)
-    fb.ExportedAddUniqueNamedShardings(builder, empty)
-    fb.ExportedAddInAvalsIdxs(builder, in_idxs)
-    fb.ExportedAddOutAvalsIdxs(builder, out_idxs)
-    fb.ExportedAddInShardingsIdxs(builder, in_sharding_idxs)
-    fb.ExportedAddOutShardingsIdxs(builder, out_sharding_idxs)
-    builder.Finish(fb.ExportedEnd(builder))
-    return bytes(builder.Output())
+    in_avals = w.offsets([aval(a) for a in exported.in_avals])
+    out_avals = w.offsets([aval(a) for a in exported.out_avals])
+    unsharded = w.table([])
+    empty = w.offsets([])
+    fields = [
+        (0, "H", SERIALIZATION_VERSION),
+        (1, "O", w.blob(exported.fun_name.encode(), terminated=True)),
+        (2, "O", in_tree),
+        (3, "O", in_avals),
+        (4, "O", out_tree),
+        (5, "O", out_avals),
+        (7, "O", w.offsets([unsharded] * n)),
+        (8, "O", w.offsets([unsharded] * m)),
+        (9, "O", w.offsets([w.blob(p.encode(), terminated=True) for p in exported.platforms])),
+        (10, "O", empty),
+        (11, "O", empty),
+        (12, "O", empty),
+        (13, "O", module),
+        (14, "H", exported.calling_convention_version),
+        (15, "O", w.numbers("H", exported.module_kept_var_idx)),
+        (18, "I", exported.nr_devices),
+        (19, "O", w.offsets([offset for offset, _ in avals.values()])),
+        (20, "O", empty),
+        (21, "O", empty),
+        (22, "O", w.numbers("I", [index(a) for a in exported.in_avals])),
+        (23, "O", w.numbers("I", [index(a) for a in exported.out_avals])),
+        (24, "O", w.numbers("I", [0] * n)),
+        (25, "O", w.numbers("I", [0] * m)),
+    ]
+    return w.finish(w.table(fields))
 
 
 @dataclass(frozen=True)
