@@ -151,3 +151,33 @@ def test_a_body_that_shares_one_shape_among_many_avals_is_refused_at_once():
     with pytest.raises(ValueError, match="more dimensions than"):
         artifact.read(body)
     assert artifact.read(shared_shape_body(avals=2, dims=3)) is not None  # a fair one is read
+
+
+VECTOR_SLOTS = {1: 1, 3: 4, 5: 4, 7: 4, 8: 4, 9: 4, 10: 4, 11: 4, 12: 4, 13: 1, 15: 2}
+VECTOR_SLOTS |= dict.fromkeys(range(19, 26), 4)
+"""The Exported table's vector fields (slot: element bytes): name, avals, shardings,
+platforms, effects, checks, module, kept inputs, unique avals and meshes, indices."""
+
+
+@pytest.mark.parametrize("name", sorted(FLAT))
+def test_what_is_written_here_is_aligned_as_flatbuffers_require(name):
+    """Every table at a 4-byte boundary, every vector's length there and its elements at
+    their own width: what flatbuffers' verifiers check (Python's reader does not)."""
+    from jax._src.export import serialization_generated as schema
+
+    body = bytearray(artifact.serialize(FLAT[name]()))
+    root = schema.Exported.GetRootAsExported(body, 0)
+    assert len(body) % 4 == 0 and root._tab.Pos % 4 == 0
+    misaligned = []
+    for slot, width in VECTOR_SLOTS.items():
+        offset = root._tab.Offset(4 + 2 * slot)
+        start = root._tab.Vector(offset) if offset else 0
+        if (start - 4) % 4 or start % width:
+            misaligned.append(slot)
+    tables = [
+        root.InTree(),
+        root.OutTree(),
+        *map(root.UniqueAvals, range(root.UniqueAvalsLength())),
+    ]
+    misaligned += [t._tab.Pos for t in tables if t._tab.Pos % 4]
+    assert not misaligned
