@@ -285,12 +285,23 @@ def test_another_jaxlib_version_misses(folder: Path, monkeypatch: pytest.MonkeyP
     assert stats.hits == 0
 
 
-def test_an_empty_cache_dir_turns_the_cache_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setenv("MPPLUG_CACHE_DIR", "")
+@pytest.mark.parametrize("value", ["", "  ", "0", "off", "OFF", "false", "No", "none"])
+def test_an_empty_or_off_cache_dir_turns_the_cache_off(
+    value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    monkeypatch.chdir(tmp_path)  # where a relative folder named by the value would go
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", value)
     assert disk_cache() is None
     np.testing.assert_allclose(
         fresh_call(mp.jax_export(f, X, X)[0])[0], np.tanh(X @ X) + 1, rtol=1e-6
     )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cache_dir_that_only_looks_like_off_is_a_folder(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("MPPLUG_CACHE_DIR", "~/offline-cache")
+    found = disk_cache()
+    assert found is not None and found.folder == Path("~/offline-cache").expanduser()
 
 
 # ---------------------------------------------------------------- the folder's bound

@@ -4,9 +4,10 @@ One file per entry, named by a key over everything the executable depends on; ea
 carries its key and a hash of its payload, and is written whole or not at all.
 
 Folder: `MPPLUG_CACHE_DIR` (default `$XDG_CACHE_HOME/mpplug`, else `~/.cache/mpplug`); an
-empty value turns the cache off. Size: `MPPLUG_CACHE_MAX_MB` (default 1024), least recently
-used entries evicted first. The folder is private to its user (mode 0700): an entry is
-trusted like the user's own files, and a truncated, corrupt or foreign entry is never loaded.
+empty value, or `0`, `off`, `false`, `no` or `none`, turns the cache off. Size:
+`MPPLUG_CACHE_MAX_MB` (default 1024), least recently used entries evicted first. The folder
+is private to its user (mode 0700): an entry is trusted like the user's own files, and a
+truncated, corrupt or foreign entry is never loaded.
 """
 
 from __future__ import annotations
@@ -198,11 +199,16 @@ def _payload(data: bytes, key: bytes) -> bytes | None:
     return payload
 
 
+OFF_VALUES = frozenset({"", "0", "off", "false", "no", "none"})
+"""`MPPLUG_CACHE_DIR` values that turn the cache off rather than name a folder (a folder
+named `off` in the working directory is never what was meant)."""
+
+
 def default_folder() -> Path | None:
     """The folder `MPPLUG_CACHE_DIR` names (None: the cache is off), or the default."""
     value = os.environ.get(ENV_DIR)
     if value is not None:
-        return Path(value).expanduser() if value.strip() else None
+        return None if value.strip().lower() in OFF_VALUES else Path(value).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "mpplug"
 
