@@ -24,8 +24,9 @@ Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held b
   sender; mean and max over the 3 parties. Seal, key setup and reveal are excluded, as SPU's
   link counters exclude input sharing and output reconstruction.
 - error vs numpy float64 on the same inputs, as the SPU script measures it: the median over
-  this run's evaluations (the first, the warm-up and the timed ones, each with fresh
-  randomness), where SPU's script gives one run's.
+  this run's six evaluations (the first, the profiled one, the warm-up and the three timed
+  ones, each with fresh randomness), and their range where they differ, where SPU's script
+  gives one run's.
 Targets (with --spu): wall <= SPU wall, mean bytes per party <= SPU's, error <= SPU's (ours
 rounded to the 3 significant digits SPU's JSON has). Exit code 1 when one is missed. The
 targets hold on equal guarantees: they are checked on the default, precise truncation (SPU's
@@ -404,6 +405,9 @@ class Result:
     walls: list[float]
     comm: Comm
     error: float
+    """The median over the run's evaluations (the protocol's randomness moves it)."""
+    errors: list[float]
+    """Each evaluation's, in order."""
     metric: str
 
 
@@ -434,6 +438,7 @@ def run_workload(sim: Any, w: Workload, truncations: tuple[str, ...]) -> list[Re
     for _ in range(REPEATS):
         for truncation, once in calls.items():
             walls[truncation] += samples(once, 1)
+    errors = {t: [error(w.metric, got, w.ref) for got in outputs[t]] for t in truncations}
     results = []
     for truncation in truncations:
         trace, first, compiled = firsts[truncation]
@@ -446,7 +451,8 @@ def run_workload(sim: Any, w: Workload, truncations: tuple[str, ...]) -> list[Re
                 statistics.median(walls[truncation]),
                 walls[truncation],
                 comm_stats(compiled.graph, sim.world_size, runs[truncation]),
-                statistics.median(error(w.metric, got, w.ref) for got in outputs[truncation]),
+                statistics.median(errors[truncation]),
+                errors[truncation],
                 w.metric,
             )
         )
@@ -487,6 +493,15 @@ def fmt_error(metric: str, value: float | None) -> str:
     if value is None:
         return "n/a"
     return f"{int(value)} wrong" if metric == "wrong" else f"{metric} {value:.2e}"
+
+
+def fmt_errors(r: Result) -> str:
+    """The median error, and the range of the run's evaluations where they differ."""
+    low, high = min(r.errors), max(r.errors)
+    if low == high:
+        return fmt_error(r.metric, r.error)
+    spread = f"{int(low)}-{int(high)}" if r.metric == "wrong" else f"{low:.2e}-{high:.2e}"
+    return f"{fmt_error(r.metric, r.error)} ({spread} over {len(r.errors)})"
 
 
 def mean_bytes(r: Result) -> float:
@@ -556,7 +571,7 @@ def table(results: list[Result], spu: dict[str, dict[str, Any]] | None) -> tuple
             f"{r.wall_s:.3f}",
             f"{r.comm.shuffles}/{r.comm.depth}/{r.comm.total_shuffles}",
             f"{fmt_bytes(mean_b)} ({fmt_bytes(max(sent))})",
-            fmt_error(r.metric, r.error),
+            fmt_errors(r),
         ]
         if spu is not None:
             row = spu.get(r.name)
@@ -627,8 +642,7 @@ def main() -> int:
                 results.append(r)
                 print(
                     f"  {r.name} ({r.truncation}): first {r.first_s:.2f} s, wall {r.wall_s:.3f} s "
-                    f"{[round(t, 3) for t in r.walls]}, depth {r.comm.depth}, "
-                    f"{fmt_error(r.metric, r.error)}",
+                    f"{[round(t, 3) for t in r.walls]}, depth {r.comm.depth}, {fmt_errors(r)}",
                     flush=True,
                 )
     print(f"  ({time.perf_counter() - start:.0f} s in all)\n")

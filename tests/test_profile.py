@@ -227,3 +227,16 @@ def test_a_start_up_table_shows_each_sides_median_run_whole():
     assert median_run(runs) == {"first": 0.6, "trace": 0.2, "wall": 3}  # its own trace and wall
     assert median_run(runs[:2])["first"] == 0.9  # of two, the upper
     assert median_run(runs[1:2]) == runs[1]
+
+
+def test_bench_mpc_shows_the_spread_of_a_runs_errors_beside_their_median():
+    from bench.mpc import Comm, Result, fmt_errors
+
+    def result(metric: str, errors: list[float]) -> Result:
+        median = sorted(errors)[len(errors) // 2]
+        return Result("w", "precise", 0.1, 0.2, 0.01, [0.01], Comm(), median, errors, metric)
+
+    spread = result("max abs", [1.7e-5, 1.2e-5, 2.0e-5])
+    assert fmt_errors(spread) == "max abs 1.70e-05 (1.20e-05-2.00e-05 over 3)"
+    assert fmt_errors(result("max abs", [3e-6] * 4)) == "max abs 3.00e-06"
+    assert fmt_errors(result("wrong", [0.0, 2.0, 0.0])) == "0 wrong (0-2 over 3)"
