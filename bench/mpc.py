@@ -2,7 +2,7 @@
 the workloads and data of the SPU 0.9.5 reference script (spu_bench.py); prints one markdown
 table, and with `--spu spu.json` (that script's --json output) ratios and PASS/FAIL per target.
 
-    python -m bench.mpc [--spu /tmp/spu.json] [--quick] [--only SUBSTRING] [--json out.json]
+    python -m bench.mpc [--spu /tmp/spu.json ...] [--quick] [--only SUBSTRING] [--json out.json]
                         [--truncation precise|probabilistic|both]
 
 Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held by party i % 3:
@@ -26,7 +26,8 @@ Per workload, one program `reveal(run(fn, *seal(inputs)), to=0)`, input i held b
 - error vs numpy float64 on the same inputs, as the SPU script measures it: the median over
   this run's six evaluations (the first, the profiled one, the warm-up and the three timed
   ones, each with fresh randomness), and their range where they differ, where SPU's script
-  gives one run's.
+  gives one run's: given several runs of it (`--spu a.json b.json ...`), SPU's figures are
+  their medians, and its errors' range is shown too (each run's error is one random draw).
 Targets (with --spu): wall <= SPU wall, mean bytes per party <= SPU's, error <= SPU's (ours
 rounded to the 3 significant digits SPU's JSON has). Exit code 1 when one is missed. The
 targets hold on equal guarantees: they are checked on the default, precise truncation (SPU's
@@ -46,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -462,21 +463,37 @@ def run_workload(sim: Any, w: Workload, truncations: tuple[str, ...]) -> list[Re
 # ---------------------------------------------------------------- SPU comparison
 
 
-def load_spu(path: str, need_wall: bool = True) -> dict[str, dict[str, Any]]:
+SPU_MEDIANS = ("wall_median_s", "first_s", "error_value", "send_bytes_mean")
+"""The figures of the SPU anchor's rows that several runs of it are merged by: their medians."""
+
+
+def load_spu(paths: Sequence[str], need_wall: bool = True) -> dict[str, dict[str, Any]]:
     """The SPU script's ABY3 rows by workload name, with its error string parsed; without
-    `need_wall`, also the rows whose first call ran but took too long to be repeated."""
-    rows = {}
-    for row in json.loads(Path(path).read_text()):
-        measured = row.get("wall_median_s" if need_wall else "first_s")
-        if row.get("protocol") != "ABY3" or measured is None:
-            continue
-        text = row["error"]
-        m = re.search(r"(\d+) wrong", text) or re.search(
-            r"max (?:abs|rel) ([0-9.]+(?:e[+-]?\d+)?)", text
-        )
-        row["error_value"] = float(m.group(1)) if m else None
-        rows[row["workload"]] = row
-    return rows
+    `need_wall`, also the rows whose first call ran but took too long to be repeated. From
+    several runs of the script (one file each), each workload's row holds the median of each
+    of `SPU_MEDIANS` over the runs that measured it, and `error_values` every run's error:
+    SPU's error is one random draw per run, as each of our evaluations' is."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for path in paths:
+        for row in json.loads(Path(path).read_text()):
+            measured = row.get("wall_median_s" if need_wall else "first_s")
+            if row.get("protocol") != "ABY3" or measured is None:
+                continue
+            text = row["error"]
+            m = re.search(r"(\d+) wrong", text) or re.search(
+                r"max (?:abs|rel) ([0-9.]+(?:e[+-]?\d+)?)", text
+            )
+            row["error_value"] = float(m.group(1)) if m else None
+            runs.setdefault(row["workload"], []).append(row)
+    merged = {}
+    for name, rows in runs.items():
+        row = dict(rows[0])
+        for key in SPU_MEDIANS:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        row["error_values"] = [r["error_value"] for r in rows if r["error_value"] is not None]
+        merged[name] = row
+    return merged
 
 
 def fmt_bytes(b: float | None) -> str:
@@ -497,11 +514,16 @@ def fmt_error(metric: str, value: float | None) -> str:
 
 def fmt_errors(r: Result) -> str:
     """The median error, and the range of the run's evaluations where they differ."""
-    low, high = min(r.errors), max(r.errors)
-    if low == high:
-        return fmt_error(r.metric, r.error)
-    spread = f"{int(low)}-{int(high)}" if r.metric == "wrong" else f"{low:.2e}-{high:.2e}"
-    return f"{fmt_error(r.metric, r.error)} ({spread} over {len(r.errors)})"
+    return fmt_spread(r.metric, r.error, r.errors)
+
+
+def fmt_spread(metric: str, median: float | None, values: Sequence[float]) -> str:
+    """`median` as an error, and the range of `values` beside it where they differ."""
+    if median is None or not values or min(values) == max(values):
+        return fmt_error(metric, median)
+    low, high = min(values), max(values)
+    spread = f"{int(low)}-{int(high)}" if metric == "wrong" else f"{low:.2e}-{high:.2e}"
+    return f"{fmt_error(metric, median)} ({spread} over {len(values)})"
 
 
 def mean_bytes(r: Result) -> float:
@@ -597,7 +619,7 @@ def table(results: list[Result], spu: dict[str, dict[str, Any]] | None) -> tuple
                     fmt_bytes(spu_b),
                     "n/a" if bytes_ratio is None else f"{bytes_ratio:.2f}",
                     str(row.get("send_actions_max", "n/a")),
-                    fmt_error(r.metric, spu_err),
+                    fmt_spread(r.metric, spu_err, row["error_values"]),
                     "PASS" if not misses else "FAIL (" + ", ".join(misses) + ")",
                 ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -606,7 +628,11 @@ def table(results: list[Result], spu: dict[str, dict[str, Any]] | None) -> tuple
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spu", help="the SPU anchor's --json output, for ratios and targets")
+    ap.add_argument(
+        "--spu",
+        nargs="+",
+        help="the SPU anchor's --json output, for ratios and targets (several runs: medians)",
+    )
     ap.add_argument("--quick", action="store_true", help="10x smaller vectors (as SPU's --quick)")
     ap.add_argument("--only", help="substring filter on workload names")
     ap.add_argument("--json", help="write raw results here")

@@ -2,7 +2,7 @@
 process with an empty compile cache (cold) and again with the cache it left (warm), beside
 SPU's first call; and the Driver with three local party processes beside the Simulator.
 
-    python -m bench.mpc_start [--spu /tmp/spu.json] [--only SUBSTRING] [--driver] [--phases]
+    python -m bench.mpc_start [--spu /tmp/spu.json ...] [--only SUBSTRING] [--driver] [--phases]
                               [--pairs N] [--json F]
 
 first = `compile` (trace) + the first evaluate and fetch, timed inside the fresh process after
@@ -14,8 +14,9 @@ cold <= 2x SPU's first call, warm <= 1x; with --driver: the Driver's first evalu
 the Simulator's and its cached wall <= 2x the Simulator's. Exit code 1 when one is missed.
 With --pairs N each workload runs N cold and warm pairs, each pair with a cache of its own,
 and the table shows each side's median run (its first evaluate the median, its trace and
-cached wall with it): on a noisy machine one pair can read 30-60% off (SPU's anchor still
-times its first call once).
+cached wall with it): on a noisy machine one pair can read 30-60% off (SPU's anchor times
+its first call once a run: give --spu several runs' files and SPU's first call is their
+median).
 
 With --phases the fresh processes trace and first evaluate inside `cluster.profile()` (a
 little slower) and a second table says where each one's time went: the trace's phases (the
@@ -239,7 +240,11 @@ def driver_rows(names: list[str]) -> tuple[list[str], bool, dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spu", help="the SPU anchor's --json output (its first_s)")
+    ap.add_argument(
+        "--spu",
+        nargs="+",
+        help="the SPU anchor's --json output (its first_s; several runs: median)",
+    )
     ap.add_argument("--only", help="substring filter on workload names")
     ap.add_argument("--driver", action="store_true", help="also the Driver next to the Simulator")
     ap.add_argument("--phases", action="store_true", help="also where each first run's time went")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -240,3 +241,52 @@ def test_bench_mpc_shows_the_spread_of_a_runs_errors_beside_their_median():
     assert fmt_errors(spread) == "max abs 1.70e-05 (1.20e-05-2.00e-05 over 3)"
     assert fmt_errors(result("max abs", [3e-6] * 4)) == "max abs 3.00e-06"
     assert fmt_errors(result("wrong", [0.0, 2.0, 0.0])) == "0 wrong (0-2 over 3)"
+
+
+def test_several_runs_of_the_spu_anchor_are_compared_by_their_medians(tmp_path: Path) -> None:
+    from bench.mpc import Comm, Result, load_spu, table
+
+    def anchor_run(name: str, wall: float, error: str, first: float) -> Path:
+        rows = [
+            {
+                "workload": "w",
+                "protocol": "ABY3",
+                "wall_median_s": wall,
+                "first_s": first,
+                "error": error,
+                "send_bytes_mean": 100.0,
+                "send_actions_max": 4,
+            },
+            {"workload": "w", "protocol": "SEMI2K", "wall_median_s": 9.0, "error": "max abs 1"},
+        ]
+        path = tmp_path / name
+        path.write_text(json.dumps(rows))
+        return path
+
+    runs = [
+        anchor_run("a.json", 0.5, "max abs 1.47e-05 (largest weight change 3.7e-03)", 0.6),
+        anchor_run("b.json", 0.7, "max abs 1.64e-05", 0.8),
+        anchor_run("c.json", 0.6, "max abs 2.23e-05", 0.9),
+    ]
+    (row,) = load_spu([str(p) for p in runs]).values()
+    assert (row["protocol"], row["wall_median_s"], row["first_s"]) == ("ABY3", 0.6, 0.8)
+    assert row["error_values"] == [1.47e-05, 1.64e-05, 2.23e-05]
+    assert row["error_value"] == 1.64e-05
+    assert load_spu([str(runs[0])])["w"]["error_value"] == 1.47e-05  # one run: its own
+
+    ours = Result(
+        "w",
+        "precise",
+        0.1,
+        0.2,
+        0.3,
+        [0.3],
+        Comm(bytes_sent={0: 90, 1: 90}),
+        1.60e-05,
+        [1.60e-05],
+        "max abs",
+    )
+    text, missed = table([ours], load_spu([str(p) for p in runs]))
+    assert "max abs 1.64e-05 (1.47e-05-2.23e-05 over 3)" in text and not missed
+    text, missed = table([ours], load_spu([str(runs[0])]))  # above that one draw alone
+    assert text.rstrip().endswith("FAIL (error) |") and missed
