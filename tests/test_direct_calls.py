@@ -1,6 +1,6 @@
-"""The direct call a warm `jax.exec` PFunction takes when every argument is a JAX array: it skips
-the kernel, refuses what the checked path refuses with the same messages, and leaves with its
-cache entry."""
+"""The direct call a warm `jax.exec` PFunction takes when every argument is a JAX array or a numpy
+array of the declared type (a value a party received): it skips the kernel, refuses what the
+checked path refuses with the same messages, and leaves with its cache entry."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ def _two_inputs() -> Any:
 X, Y = jnp.zeros((2, 3), jnp.float32), jnp.zeros(4, jnp.int32)
 
 
+class Tagged(np.ndarray):
+    """An array of a subclass: it goes the checked path, as anything not a plain array does."""
+
+
 def test_a_warm_call_on_jax_arrays_skips_the_kernel(monkeypatch: pytest.MonkeyPatch):
     pfunc, runtime = _two_inputs(), KernelRuntime()
     invoke(pfunc, X, Y, runtime=runtime)
@@ -42,8 +46,32 @@ def test_a_warm_call_on_jax_arrays_skips_the_kernel(monkeypatch: pytest.MonkeyPa
     (out,) = invoke(pfunc, X + 1, jnp.arange(4, dtype=jnp.int32), runtime=runtime)
     np.testing.assert_array_equal(np.asarray(out), np.full((2, 3), 7.0))
     assert calls == []
-    invoke(pfunc, np.ones((2, 3), np.float32), Y, runtime=runtime)  # numpy: the checked path
+    received = np.ones((2, 3), np.float32), np.arange(4, dtype=np.int32)  # off a peer's wire
+    (out,) = invoke(pfunc, *received, runtime=runtime)
+    np.testing.assert_array_equal(np.asarray(out), np.full((2, 3), 7.0))
+    assert calls == []
+    invoke(pfunc, np.ones((2, 3), np.float32).view(Tagged), Y, runtime=runtime)  # a subclass
     assert calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        (np.ones((2, 3), ">f4"), r"argument 0: expected f32\[2,3\], got >f4\[2,3\]$"),
+        (np.ones((3, 2), np.float32), r"argument 0: expected f32\[2,3\], got f32\[3,2\]$"),
+        (np.ones((2, 3), np.float64), r"argument 0: expected f32\[2,3\], got f64\[2,3\]$"),
+    ],
+    ids=["byte-order", "shape", "dtype"],
+)
+def test_a_warm_call_refuses_numpy_arrays_of_another_type_as_the_checked_path_does(
+    arg: np.ndarray, message: str
+):
+    """JAX would convert another byte order silently: the direct call takes only the
+    declared type, and anything else is checked."""
+    pfunc, runtime = _two_inputs(), KernelRuntime()
+    invoke(pfunc, X, Y, runtime=runtime)
+    with pytest.raises(ArgumentMismatchError, match=message):
+        invoke(pfunc, arg, np.arange(4, dtype=np.int32), runtime=runtime)
 
 
 @pytest.mark.parametrize(

@@ -86,17 +86,25 @@ def invoke(pfunc: PFunction, *args: Any, runtime: KernelRuntime | None = None) -
     Returns exactly `len(pfunc.outs_info)` arrays. `runtime` is the party's state; None means
     the process's default single-party runtime.
 
-    A warm call whose arguments are all JAX arrays goes straight to the `DirectCall` the
-    kernel left in `runtime.direct_calls` (for `jax.exec`, the jitted function, where JAX
-    itself checks the arrays against the artifact); anything else is checked here first.
+    A warm call whose arguments are all JAX arrays, or numpy arrays of exactly the declared
+    dtype and shape, goes straight to the `DirectCall` the kernel left in
+    `runtime.direct_calls` (for `jax.exec`, the jitted function, where JAX itself checks
+    JAX arrays against the artifact); anything else is checked here first.
     """
     if runtime is None:
         runtime = default_runtime()
     digest = pfunc.digest
     direct = runtime.direct_calls.get(digest)
     if direct is not None and len(args) == direct.n_ins:
-        for arg in args:  # inline, like the rest of this path: each Python call costs here
-            if type(arg) is not _JaxArray:
+        for i, arg in enumerate(args):  # inline, like the rest of this path: each call costs
+            if type(arg) is _JaxArray:
+                continue
+            if type(arg) is not np.ndarray:  # a value received from a peer is an ndarray
+                break
+            expected = pfunc.ins_info[i]  # JAX would take other byte orders: checked here
+            if not isinstance(expected, TensorType) or not (
+                arg.dtype == expected.dtype.numpy and arg.shape == expected.shape
+            ):
                 break
         else:
             try:

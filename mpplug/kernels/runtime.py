@@ -129,7 +129,8 @@ class LRUCache(Generic[K, V]):
 
 @dataclass(frozen=True, slots=True)
 class DirectCall:
-    """How `invoke` runs one PFunction without its kernel when every argument is a JAX array.
+    """How `invoke` runs one PFunction without its kernel when every argument is a JAX array
+    (or a numpy array of the declared dtype and shape).
 
     `call(*arrays)` returns exactly the PFunction's outputs, and refuses arrays whose shapes
     or dtypes differ from its `ins_info` with a ValueError or TypeError (the `jax.exec`
