@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -26,7 +27,10 @@ from mpplug.remote.bulk import (
     EAGER,
     EAGER_BYTES,
     IDLE_LINKS_PER_PEER,
+    JOINED_BYTES,
     MAGIC,
+    READ_AHEAD_BYTES,
+    Link,
     Links,
     Listener,
     client_context,
@@ -40,6 +44,7 @@ from mpplug.runtime import codec
 from mpplug.runtime.communicator import Key, Mailbox
 
 EXEC = "s:e"
+_REQUEST_BYTES = 8  # b"MPB2" and the header's length
 BIG = np.random.default_rng(0).integers(0, 256, 3 * CHUNK_BYTES + 3, dtype=np.uint8)
 
 
@@ -235,6 +240,64 @@ def test_a_small_value_goes_with_its_header_and_is_answered_once():
             sock.sendall(_header(_key(op), small) + small.tobytes())
             assert _reply(sock) == (grpc.StatusCode.OK, "")
             np.testing.assert_array_equal(receiver.mailbox.take(_key(op), 1.0), small)
+
+
+def _eager(op: int, value: np.ndarray) -> bytes:
+    header = _header(_key(op), value)
+    return EAGER + struct.pack(">I", len(header)) + header + value.tobytes()
+
+
+def test_requests_are_taken_whole_however_their_bytes_arrive():
+    """The listener reads ahead of what it needs (a small value and its header come in one
+    read): a request in pieces, a value larger than one read, and two requests written back
+    to back are each taken whole, in order."""
+    spec = ClusterSpec.local(2)
+    small = np.arange(1000, dtype=np.uint64)
+    large = np.arange(READ_AHEAD_BYTES // 2, dtype=np.uint64)  # four reads' worth
+    with receiving(spec) as receiver, receiver.connect() as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        pieces = _eager(1, small)
+        for start, stop in ((0, 3), (3, 20), (20, len(pieces) - 5), (len(pieces) - 5, None)):
+            sock.sendall(pieces[start:stop])  # in the prefix, the header, the value
+            time.sleep(0.02)
+        assert _reply(sock) == (grpc.StatusCode.OK, "")
+        sock.sendall(_eager(2, large))
+        assert _reply(sock) == (grpc.StatusCode.OK, "")
+        sock.sendall(_eager(3, small) + _eager(4, small[::-1].copy()))
+        assert [_reply(sock), _reply(sock)] == [(grpc.StatusCode.OK, "")] * 2
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(1), 1.0), small)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(2), 1.0), large)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(3), 1.0), small)
+        np.testing.assert_array_equal(receiver.mailbox.take(_key(4), 1.0), small[::-1])
+        assert receiver.listener.open_connections() == 1
+
+
+class _Writes(socket.socket):
+    """A socket that notes the size of each `sendall`."""
+
+    sizes: list[int]
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self.sizes.append(len(memoryview(data).cast("B")))
+        super().sendall(data, flags)
+
+
+@pytest.mark.parametrize(("size", "writes"), [(JOINED_BYTES, 1), (JOINED_BYTES + 1, 2)])
+def test_a_small_value_is_written_with_its_header_at_once(size: int, writes: int):
+    ours, theirs = socket.socketpair()
+    sock = _Writes(fileno=ours.detach())
+    sock.sizes = []
+    link = Link(1, "P1", ("127.0.0.1", 0))
+    link.sock = sock
+    value = np.arange(size, dtype=np.uint8)
+    header = _header(_key(), value)
+    with sock, theirs:
+        link.send(header, memoryview(value), time.monotonic() + 5.0, 5.0, None, answer_later=True)
+        expected = _REQUEST_BYTES + len(header) + size
+        assert len(sock.sizes) == writes and sum(sock.sizes) == expected
+        assert _exactly(theirs, expected) == EAGER + struct.pack(">I", len(header)) + header + (
+            value.tobytes()
+        )
 
 
 def test_a_refused_small_value_is_answered_its_bytes_dropped_and_the_connection_closed():

@@ -69,6 +69,10 @@ _REQUEST = struct.Struct(">4sI")
 _REPLY = struct.Struct(">BI")
 MAX_HEADER_BYTES = 1 << 16
 """The longest PeerHeader a receiver reads (a real one is well under a kilobyte)."""
+READ_AHEAD_BYTES = MAX_HEADER_BYTES + _REQUEST.size
+"""What a receiver reads at once: a request and a small value's bytes, often in one call."""
+JOINED_BYTES = 1 << 16
+"""A sender writes an eager value of at most this many bytes with its header in one call."""
 MAX_REPLY_BYTES = 1 << 14
 """The longest reply message a sender reads (refusals are cut to 1024 characters)."""
 SLICE_BYTES = 8 << 20
@@ -287,8 +291,12 @@ class Link:
         assert sock is not None
         self._wait(sock, give_up, stall_s)
         if len(payload) <= EAGER_BYTES:
-            sock.sendall(_REQUEST.pack(EAGER, len(header)) + header)
-            sock.sendall(payload)
+            request = _REQUEST.pack(EAGER, len(header)) + header
+            if len(payload) <= JOINED_BYTES:  # one write, which the receiver reads at once
+                sock.sendall(b"".join((request, payload)))
+            else:
+                sock.sendall(request)
+                sock.sendall(payload)
             self.owed_until = give_up
             if not answer_later:
                 self.settle(stall_s)
@@ -356,7 +364,9 @@ class Link:
         left = give_up - time.monotonic()
         if left <= 0:
             raise DeadlinePassed("the send's deadline passed")
-        sock.settimeout(min(left, stall_s))
+        timeout = min(left, stall_s)
+        if sock.gettimeout() != timeout:  # setting it is a system call
+            sock.settimeout(timeout)
 
     def _answer(self, sock: socket.socket, give_up: float, stall_s: float) -> None:
         self._wait(sock, give_up, stall_s)
@@ -434,13 +444,57 @@ class Links:
 
 # -- receiving ------------------------------------------------------------------------------
 class _Connection:
-    """An accepted connection; `idle_since` is None while it moves a value."""
+    """An accepted connection, and what was read from it ahead of its use (a request's
+    header and a small value arrive together: one read takes both); `idle_since` is None
+    while it moves a value."""
 
-    __slots__ = ("idle_since", "sock")
+    __slots__ = ("_ahead", "_end", "_start", "idle_since", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.idle_since: float | None = time.monotonic()
+        self._ahead = bytearray(READ_AHEAD_BYTES)
+        self._start = self._end = 0
+
+    def buffered(self) -> int:
+        """Bytes read ahead and not used yet (TLS's own decrypted ones included)."""
+        pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+        return self._end - self._start + pending
+
+    def read_ahead(self) -> int:
+        """Read what has come (waiting for a byte up to the socket's timeout) after what is
+        buffered; 0 if the connection ended."""
+        if self._end == len(self._ahead):
+            self._to_front()
+        got = self.sock.recv_into(memoryview(self._ahead)[self._end :])
+        self._end += got
+        return got
+
+    def _to_front(self) -> None:
+        """Move the bytes not used yet to the front of the buffer."""
+        kept = self._end - self._start
+        self._ahead[:kept] = self._ahead[self._start : self._end]
+        self._start, self._end = 0, kept
+
+    def read(self, size: int) -> bytes:
+        """Exactly `size` bytes (at most READ_AHEAD_BYTES); ConnectionError if the connection
+        ends first."""
+        while self._end - self._start < size:
+            if len(self._ahead) - self._start < size:
+                self._to_front()
+            if not self.read_ahead():
+                have = self._end - self._start
+                raise ConnectionError(f"connection closed after {have} of {size} bytes")
+        data = bytes(self._ahead[self._start : self._start + size])
+        self._start += size
+        return data
+
+    def read_into(self, buffer: memoryview) -> None:
+        """Fill `buffer`: with what was read ahead first, then straight from the socket."""
+        have = min(self._end - self._start, len(buffer))
+        buffer[:have] = self._ahead[self._start : self._start + have]
+        self._start += have
+        _read_into(self.sock, buffer[have:])
 
 
 class Listener:
@@ -567,13 +621,16 @@ class Listener:
             if self._context is not None:
                 self._shake_hands(conn)
             caller = common_name(conn.sock)
+            conn.sock.settimeout(self._stall_s)  # mid-value; between values, `idle` waits
             try:
                 self._inbox.check_caller(caller)
             except REFUSALS as exc:
                 code, message, _ = refusal_of(exc)
                 _reply(conn.sock, code, message)
                 return
-            while self._take_value(conn, caller):
+            idle = select.poll()
+            idle.register(conn.sock, select.POLLIN | select.POLLPRI)
+            while self._take_value(conn, caller, idle):
                 pass
         except (OSError, ValueError) as exc:  # the connection failed, stalled or was cut
             log.debug("party %s: bulk connection ended: %s", self._name, exc)
@@ -599,17 +656,18 @@ class Listener:
         wrapped.settimeout(min(HANDSHAKE_S, self._stall_s))
         wrapped.do_handshake()
 
-    def _take_value(self, conn: _Connection, caller: str | None) -> bool:
-        """Serve one value on `conn`; False when the connection should close."""
+    def _take_value(self, conn: _Connection, caller: str | None, idle: select.poll) -> bool:
+        """Serve one value on `conn` (`idle` polls its socket); False when the connection
+        should close."""
         sock = conn.sock
-        sock.settimeout(IDLE_CONNECTION_S)
-        first = sock.recv(1)
+        if not conn.buffered() and not idle.poll(IDLE_CONNECTION_S * 1000):
+            return False  # nothing came for IDLE_CONNECTION_S
+        came = conn.buffered() or conn.read_ahead()
         with self._lock:
-            if not first or conn.idle_since is None or self._stopped:
+            if not came or conn.idle_since is None or self._stopped:
                 return False  # closed by the peer, to make room, or by stop
             conn.idle_since = None
-        sock.settimeout(self._stall_s)
-        magic, length = _REQUEST.unpack(first + _read_exact(sock, _REQUEST.size - 1))
+        magic, length = _REQUEST.unpack(conn.read(_REQUEST.size))
         if magic not in (MAGIC, EAGER):
             message = f"expected {MAGIC!r} or {EAGER!r}, got {magic!r}"
             _reply(sock, grpc.StatusCode.INVALID_ARGUMENT, message)
@@ -618,7 +676,7 @@ class Listener:
             message = f"a header of {length} bytes, over the {MAX_HEADER_BYTES} allowed"
             _reply(sock, grpc.StatusCode.INVALID_ARGUMENT, message)
             return False
-        raw = _read_exact(sock, length)
+        raw = conn.read(length)
         eager = magic == EAGER
         try:
             try:
@@ -637,7 +695,7 @@ class Listener:
             _reply(sock, code, message)
             return self._after_refusal(conn, eager)
         try:
-            value = self._receive(sock, admitted, eager)
+            value = self._receive(conn, admitted, eager)
         except BaseException:
             self._inbox.release(admitted)
             raise
@@ -648,7 +706,7 @@ class Listener:
         return self._idle_again(conn)
 
     def _receive(
-        self, sock: socket.socket, admitted: Admitted, eager: bool
+        self, conn: _Connection, admitted: Admitted, eager: bool
     ) -> np.ndarray[Any, Any] | None:
         """The admitted value's bytes, read into a buffer of their size (once the sender is
         told to go ahead, unless they came `eager`ly with the header); None (and the sender
@@ -657,12 +715,12 @@ class Listener:
             buffer = fresh_bytes(admitted.ttype.nbytes)
         except MemoryError:
             message = f"{admitted.where}: no memory for its {admitted.ttype.nbytes} bytes"
-            _reply(sock, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+            _reply(conn.sock, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
             self._inbox.release(admitted)
             return None
         if not eager:
-            _reply(sock, _OK)
-        _read_into(sock, as_bytes_view(buffer))
+            _reply(conn.sock, _OK)
+        conn.read_into(as_bytes_view(buffer))
         value = codec.from_buffer(admitted.ttype, buffer, admitted.where)
         return codec.finish(admitted.header, value, admitted.where)
 
