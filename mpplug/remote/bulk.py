@@ -660,9 +660,11 @@ class Listener:
         """Serve one value on `conn` (`idle` polls its socket); False when the connection
         should close."""
         sock = conn.sock
-        if not conn.buffered() and not idle.poll(IDLE_CONNECTION_S * 1000):
-            return False  # nothing came for IDLE_CONNECTION_S
-        came = conn.buffered() or conn.read_ahead()
+        came = conn.buffered()
+        if not came:
+            if not idle.poll(IDLE_CONNECTION_S * 1000):
+                return False  # nothing came for IDLE_CONNECTION_S
+            came = conn.read_ahead()
         with self._lock:
             if not came or conn.idle_since is None or self._stopped:
                 return False  # closed by the peer, to make room, or by stop
